@@ -1,0 +1,412 @@
+//! Configuration: built-in defaults < a TOML file (`--config`) < `REDISCHED_*` env vars,
+//! with `__` between nesting levels (`REDISCHED_DISPATCH__TTR_MS=60000`).
+//!
+//! Every value is checked at start; an error names the key so a typo fails fast
+//! instead of surfacing as odd behaviour hours later.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+use crate::store::{ConnectOptions, Limits, MAX_BATCH};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub redis: RedisConfig,
+    pub amqp: AmqpConfig,
+    pub limits: LimitsConfig,
+    pub ingest: IngestConfig,
+    pub dispatch: DispatchConfig,
+    pub http: HttpConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    pub url: String,
+    /// Start of every key name; lets deployments (and tests) share one Redis.
+    pub prefix: String,
+    pub connect_timeout_ms: u64,
+    pub response_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AmqpConfig {
+    pub url: String,
+    pub commands_exchange: String,
+    pub commands_queue: String,
+    pub invalid_exchange: String,
+    pub invalid_queue: String,
+    pub ready_exchange: String,
+    /// One consumer at a time on the commands queue keeps commands in publish order
+    /// across several bridges (a delete published after a put always wins).
+    pub single_active_consumer: bool,
+    /// Declare the commands and invalid queues as quorum queues (replicated).
+    pub quorum_queues: bool,
+    pub heartbeat_secs: u16,
+    /// Backoff between reconnect attempts, doubling up to the max.
+    pub reconnect_min_ms: u64,
+    pub reconnect_max_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Due times further than this from now are refused (never truncated).
+    pub max_delay_ms: i64,
+    pub max_body_bytes: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IngestConfig {
+    /// Unacked commands the broker may hand us at once.
+    pub prefetch: u16,
+    /// Commands applied to Redis in one pipelined round trip.
+    pub batch: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DispatchConfig {
+    /// Time-to-run of a reservation: a job not released by then is requeued.
+    pub ttr_ms: u64,
+    /// Jobs taken per reserve call.
+    pub batch: usize,
+    /// Publishes awaiting a broker confirm at most.
+    pub window: usize,
+    /// First retry delay after a nack or an unroutable return; doubles per attempt.
+    pub retry_min_ms: u64,
+    pub retry_max_ms: u64,
+    /// How often expired reservations are looked for.
+    pub requeue_interval_ms: u64,
+    /// Longest sleep without news; a safety net under Pub/Sub wake-ups.
+    pub poll_interval_ms: u64,
+    /// How long shutdown waits for in-flight confirms.
+    pub shutdown_grace_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    pub enabled: bool,
+    pub listen: String,
+    /// Bearer token required by mutating endpoints; empty = none.
+    pub token: String,
+    /// Permit a non-loopback listen address without a token.
+    pub allow_public_without_token: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// `human` or `json`.
+    pub format: String,
+    /// A tracing filter, e.g. `info` or `redisched=debug,lapin=warn`.
+    pub level: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            redis: RedisConfig::default(),
+            amqp: AmqpConfig::default(),
+            limits: LimitsConfig::default(),
+            ingest: IngestConfig::default(),
+            dispatch: DispatchConfig::default(),
+            http: HttpConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379/0".into(),
+            prefix: "redisched".into(),
+            connect_timeout_ms: 5_000,
+            response_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl Default for AmqpConfig {
+    fn default() -> Self {
+        Self {
+            url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            commands_exchange: "redisched.commands".into(),
+            commands_queue: "redisched.commands".into(),
+            invalid_exchange: "redisched.invalid".into(),
+            invalid_queue: "redisched.invalid".into(),
+            ready_exchange: "redisched.ready".into(),
+            single_active_consumer: true,
+            quorum_queues: false,
+            heartbeat_secs: 10,
+            reconnect_min_ms: 200,
+            reconnect_max_ms: 10_000,
+        }
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_delay_ms: 366 * 24 * 3_600_000,
+            max_body_bytes: 1 << 20,
+        }
+    }
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        Self {
+            prefetch: 500,
+            batch: 200,
+        }
+    }
+}
+
+impl Default for DispatchConfig {
+    fn default() -> Self {
+        Self {
+            ttr_ms: 30_000,
+            batch: 200,
+            window: 1_000,
+            retry_min_ms: 1_000,
+            retry_max_ms: 60_000,
+            requeue_interval_ms: 1_000,
+            poll_interval_ms: 1_000,
+            shutdown_grace_ms: 10_000,
+        }
+    }
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: "127.0.0.1:7171".into(),
+            token: String::new(),
+            allow_public_without_token: false,
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: "human".into(),
+            level: "info".into(),
+        }
+    }
+}
+
+/// A configuration value that cannot work, named by its dotted key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("config key `{key}`: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        message: message.into(),
+    }
+}
+
+impl Config {
+    /// Defaults, then `file` if given, then the environment; validated.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::from_figment(Self::figment(file))
+    }
+
+    pub fn figment(file: Option<&Path>) -> Figment {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        figment.merge(Env::prefixed("REDISCHED_").split("__"))
+    }
+
+    pub fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
+        let config: Config = figment.extract().map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        url::Url::parse(&self.redis.url)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "redis" | "rediss" | "redis+unix" | "unix"))
+            .ok_or_else(|| invalid("redis.url", "expected redis://host:port/db"))?;
+        if self.redis.prefix.is_empty() || self.redis.prefix.contains(['{', '}']) {
+            return Err(invalid("redis.prefix", "must be non-empty and free of braces"));
+        }
+        url::Url::parse(&self.amqp.url)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "amqp" | "amqps"))
+            .ok_or_else(|| invalid("amqp.url", "expected amqp://user:pass@host:port/vhost"))?;
+        for (key, name) in [
+            ("amqp.commands_exchange", &self.amqp.commands_exchange),
+            ("amqp.commands_queue", &self.amqp.commands_queue),
+            ("amqp.invalid_exchange", &self.amqp.invalid_exchange),
+            ("amqp.invalid_queue", &self.amqp.invalid_queue),
+            ("amqp.ready_exchange", &self.amqp.ready_exchange),
+        ] {
+            if name.is_empty() || name.len() > 255 {
+                return Err(invalid(key, "must be 1..255 bytes"));
+            }
+        }
+        if self.amqp.reconnect_min_ms == 0 || self.amqp.reconnect_max_ms < self.amqp.reconnect_min_ms {
+            return Err(invalid("amqp.reconnect_max_ms", "must be >= amqp.reconnect_min_ms > 0"));
+        }
+        if self.limits.max_delay_ms <= 0 {
+            return Err(invalid("limits.max_delay_ms", "must be > 0"));
+        }
+        if self.limits.max_body_bytes == 0 || self.limits.max_body_bytes > 512 << 20 {
+            return Err(invalid("limits.max_body_bytes", "must be 1..=512 MiB"));
+        }
+        if self.ingest.prefetch == 0 {
+            return Err(invalid("ingest.prefetch", "must be > 0"));
+        }
+        if !(1..=MAX_BATCH).contains(&self.ingest.batch) {
+            return Err(invalid("ingest.batch", format!("must be 1..={MAX_BATCH}")));
+        }
+        if self.dispatch.ttr_ms < 100 {
+            return Err(invalid("dispatch.ttr_ms", "must be >= 100"));
+        }
+        if !(1..=MAX_BATCH).contains(&self.dispatch.batch) {
+            return Err(invalid("dispatch.batch", format!("must be 1..={MAX_BATCH}")));
+        }
+        if self.dispatch.window == 0 {
+            return Err(invalid("dispatch.window", "must be > 0"));
+        }
+        if self.dispatch.retry_min_ms == 0 || self.dispatch.retry_max_ms < self.dispatch.retry_min_ms {
+            return Err(invalid("dispatch.retry_max_ms", "must be >= dispatch.retry_min_ms > 0"));
+        }
+        for (key, value) in [
+            ("dispatch.requeue_interval_ms", self.dispatch.requeue_interval_ms),
+            ("dispatch.poll_interval_ms", self.dispatch.poll_interval_ms),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be > 0"));
+            }
+        }
+        let listen: SocketAddr = self
+            .http
+            .listen
+            .parse()
+            .map_err(|e| invalid("http.listen", format!("expected ip:port ({e})")))?;
+        if self.http.enabled
+            && !listen.ip().is_loopback()
+            && self.http.token.is_empty()
+            && !self.http.allow_public_without_token
+        {
+            return Err(invalid(
+                "http.listen",
+                "a non-loopback address needs http.token (or http.allow_public_without_token = true)",
+            ));
+        }
+        if !matches!(self.log.format.as_str(), "human" | "json") {
+            return Err(invalid("log.format", "must be `human` or `json`"));
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.log.level)
+            .map_err(|e| invalid("log.level", e.to_string()))?;
+        Ok(())
+    }
+
+    pub fn connect_options(&self) -> ConnectOptions {
+        ConnectOptions {
+            url: self.redis.url.clone(),
+            prefix: self.redis.prefix.clone(),
+            connect_timeout: Duration::from_millis(self.redis.connect_timeout_ms),
+            response_timeout: Duration::from_millis(self.redis.response_timeout_ms),
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_delay_ms: self.limits.max_delay_ms,
+            max_body_bytes: self.limits.max_body_bytes,
+        }
+    }
+
+    /// A copy safe to print or log: passwords in URLs and the HTTP token are masked.
+    pub fn redacted(&self) -> Config {
+        let mut copy = self.clone();
+        copy.redis.url = redact_url(&copy.redis.url);
+        copy.amqp.url = redact_url(&copy.amqp.url);
+        if !copy.http.token.is_empty() {
+            copy.http.token = "***".into();
+        }
+        copy
+    }
+}
+
+/// `amqp://user:secret@host/` -> `amqp://user:***@host/`; anything unparsable is
+/// masked whole rather than risk printing a secret.
+pub fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut url) => {
+            if url.password().is_some() {
+                // Setting a password only fails for URLs that cannot have one.
+                let _ = url.set_password(Some("***"));
+            }
+            url.to_string()
+        }
+        Err(_) => "***".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_overrides_file_overrides_defaults_and_bad_values_name_their_key() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("c.toml", "[dispatch]\nttr_ms = 5000\nbatch = 10\n")?;
+            jail.set_env("REDISCHED_DISPATCH__TTR_MS", "7000");
+            jail.set_env("REDISCHED_REDIS__URL", "redis://127.0.0.1:6390/2");
+            jail.set_env("REDISCHED_AMQP__URL", "amqp://u:p@h:5673/v");
+            let config = Config::load(Some(Path::new("c.toml"))).expect("valid");
+            assert_eq!(config.dispatch.ttr_ms, 7000);
+            assert_eq!(config.dispatch.batch, 10);
+            assert_eq!(config.redis.url, "redis://127.0.0.1:6390/2");
+            assert_eq!(config.amqp.url, "amqp://u:p@h:5673/v");
+
+            jail.set_env("REDISCHED_DISPATCH__TTR_MS", "5");
+            let err = Config::load(None).expect_err("ttr too small");
+            assert!(err.to_string().contains("dispatch.ttr_ms"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn public_listen_without_token_is_refused() {
+        let mut config = Config::default();
+        config.http.listen = "0.0.0.0:7171".into();
+        let err = config.validate().expect_err("refused");
+        assert!(err.to_string().contains("http.listen"), "{err}");
+        config.http.token = "t".into();
+        config.validate().expect("a token makes it fine");
+    }
+
+    #[test]
+    fn redaction_masks_passwords() {
+        assert_eq!(redact_url("amqp://guest:secret@h:5672/%2f"), "amqp://guest:***@h:5672/%2f");
+        assert_eq!(redact_url("redis://:pw@h:6379/0"), "redis://:***@h:6379/0");
+        assert_eq!(redact_url("not a url"), "***");
+    }
+}

@@ -1,0 +1,12 @@
+//! redisched: schedule jobs for later delivery, cancel or replace them by the id the
+//! producer chose.
+//!
+//! The path of one job: [`ingest`] decodes an AMQP command and applies it through
+//! [`store`] (Lua scripts in Redis); [`dispatch`] reserves it when due, publishes it with
+//! publisher confirms and releases it once the broker confirmed; [`requeue`] makes
+//! reservations of crashed bridges due again. See ARCHITECTURE.md.
+#![forbid(unsafe_code)]
+
+pub mod job;
+pub mod store;
+pub mod config;

@@ -1,0 +1,68 @@
+//! The key schema: the only place that spells Redis key names.
+//!
+//! ```text
+//! <prefix>:{<topic>}:scheduled  ZSET  id -> due time, epoch ms
+//! <prefix>:{<topic>}:reserved   ZSET  id -> reservation deadline, epoch ms
+//! <prefix>:{<topic>}:jobs       HASH  id -> job record
+//! <prefix>:{<topic>}:seq        STRING reservation token counter
+//! <prefix>:topics               SET   known topics (own slot; never touched by scripts)
+//! <prefix>:notify               Pub/Sub channel: '<due_at>|<topic>' when a topic's head moves earlier
+//! ```
+
+use crate::job::Topic;
+
+/// Key names of one deployment, derived from its prefix.
+#[derive(Debug, Clone)]
+pub struct KeySpace {
+    prefix: String,
+}
+
+/// The four keys every per-topic script takes, in `KEYS` order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicKeys(pub [String; 4]);
+
+impl KeySpace {
+    /// `prefix` must not contain braces (it would capture the hash tag); config
+    /// validation refuses it earlier, this is the last line of defence.
+    pub fn new(prefix: impl Into<String>) -> Self {
+        let prefix: String = prefix.into();
+        debug_assert!(!prefix.contains(['{', '}']));
+        Self { prefix }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn topic(&self, topic: &Topic) -> TopicKeys {
+        let base = format!("{}:{{{}}}", self.prefix, topic.as_str());
+        TopicKeys([
+            format!("{base}:scheduled"),
+            format!("{base}:reserved"),
+            format!("{base}:jobs"),
+            format!("{base}:seq"),
+        ])
+    }
+
+    pub fn topics(&self) -> String {
+        format!("{}:topics", self.prefix)
+    }
+
+    pub fn notify_channel(&self) -> String {
+        format!("{}:notify", self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_keys_of_a_topic_share_one_hash_tag() {
+        let keys = KeySpace::new("rs").topic(&Topic::new("mail.welcome").unwrap());
+        for key in &keys.0 {
+            assert!(key.starts_with("rs:{mail.welcome}:"), "{key}");
+        }
+        assert_eq!(keys.0[0], "rs:{mail.welcome}:scheduled");
+    }
+}

@@ -1,0 +1,511 @@
+//! The job store: typed calls over the Lua scripts of `lua/`.
+//!
+//! This is the only module that knows key names or script arguments. Everything the
+//! bridge, the CLI and the HTTP API do to jobs goes through [`Store`], and through the
+//! same scripts any other Redis client can call (see `lua/README.md`).
+
+mod error;
+mod keys;
+mod reply;
+mod scripts;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{AsyncCommands, Value};
+
+use crate::job::{
+    Due, JobId, JobInfo, JobState, PutMode, PutOutcome, PutStatus, ReservedJob, Topic,
+    TopicStats,
+};
+pub use error::{RejectCode, Rejection, StoreError};
+pub use keys::{KeySpace, TopicKeys};
+use reply::{optional_time, Reader};
+pub use scripts::SOURCES as SCRIPT_SOURCES;
+use scripts::Scripts;
+
+/// Largest batch a script accepts in one call (`limit` of reserve, pull, requeue and
+/// the pairs of release).
+pub const MAX_BATCH: usize = 1000;
+
+/// Limits enforced by the put script itself, so every client gets the same refusals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_delay_ms: i64,
+    pub max_body_bytes: usize,
+}
+
+/// How to reach Redis.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    pub url: String,
+    pub prefix: String,
+    pub connect_timeout: Duration,
+    /// A reply slower than this fails the call (as unavailable) instead of hanging.
+    pub response_timeout: Duration,
+}
+
+/// A command to apply to the store, as decoded from AMQP, HTTP or the CLI.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Put(PutRequest),
+    Delete { topic: Topic, id: JobId },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutRequest {
+    pub topic: Topic,
+    pub id: JobId,
+    pub body: Vec<u8>,
+    /// Opaque bytes forwarded with the job; the bridge stores AMQP properties here.
+    pub meta: Vec<u8>,
+    pub due: Due,
+    pub mode: PutMode,
+}
+
+/// What applying one [`Op`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    Put(PutOutcome),
+    Delete { removed: bool },
+}
+
+/// The jobs one `reserve` or `pull` call took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// The Redis server's clock when the script ran, epoch ms.
+    pub now: i64,
+    /// Due time of the topic's earliest job still waiting.
+    pub next_due: Option<i64>,
+    pub jobs: Vec<ReservedJob>,
+    /// Ids whose record was missing or unreadable; taken off the schedule.
+    pub corrupt: Vec<String>,
+}
+
+/// What one `requeue` call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Requeued {
+    pub count: u64,
+    pub next_deadline: Option<i64>,
+}
+
+/// A token-bearing reference to a reserved job, for `release`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub topic: Topic,
+    pub id: String,
+    pub token: u64,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    conn: ConnectionManager,
+    keys: KeySpace,
+    limits: Limits,
+    scripts: Arc<Scripts>,
+}
+
+impl Store {
+    /// Connects and loads the scripts. Later reconnects (and `NOSCRIPT` after a Redis
+    /// restart) are handled inside; callers only see [`StoreError::Unavailable`].
+    pub async fn connect(options: &ConnectOptions, limits: Limits) -> Result<Self, StoreError> {
+        let client = redis::Client::open(options.url.as_str()).map_err(StoreError::Unavailable)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.response_timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(2));
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(StoreError::Unavailable)?;
+        let store = Self {
+            conn,
+            keys: KeySpace::new(options.prefix.clone()),
+            limits,
+            scripts: Arc::new(Scripts::new()),
+        };
+        store.load_scripts().await?;
+        Ok(store)
+    }
+
+    pub fn keys(&self) -> &KeySpace {
+        &self.keys
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// A connection for callers that need raw commands (health checks, Pub/Sub setup).
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    async fn load_scripts(&self) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        for script in self.scripts.all() {
+            pipe.load_script(script).ignore();
+        }
+        let mut conn = self.conn.clone();
+        pipe.query_async::<()>(&mut conn).await?;
+        Ok(())
+    }
+
+    /// Applies commands in order, in one round trip. The outer error means nothing can
+    /// be said about the batch (Redis unreachable): the caller retries all of it, which
+    /// is safe because applying a command twice in order leaves the same state.
+    pub async fn apply(&self, ops: &[Op]) -> Result<Vec<Result<Applied, Rejection>>, StoreError> {
+        let mut results: Vec<Option<Result<Applied, Rejection>>> = vec![None; ops.len()];
+        let mut pending: Vec<usize> = (0..ops.len()).collect();
+        // Twice at most: the second pass reruns what met an empty script cache.
+        for pass in 0..2 {
+            let replies = self.run_pipeline(ops, &pending).await?;
+            let mut noscript = Vec::new();
+            for (&index, reply) in pending.iter().zip(replies) {
+                match reply {
+                    Value::ServerError(err) => {
+                        let err = redis::RedisError::from(err);
+                        if error::is_noscript(&err) && pass == 0 {
+                            noscript.push(index);
+                            continue;
+                        }
+                        match StoreError::from(err) {
+                            StoreError::Rejected(rejection) => results[index] = Some(Err(rejection)),
+                            other => return Err(other),
+                        }
+                    }
+                    value => results[index] = Some(Ok(decode_applied(&ops[index], value)?)),
+                }
+            }
+            if noscript.is_empty() {
+                break;
+            }
+            self.load_scripts().await?;
+            pending = noscript;
+        }
+        results
+            .into_iter()
+            .map(|r| r.ok_or_else(|| StoreError::bad_reply("put", "a command got no reply")))
+            .collect()
+    }
+
+    async fn run_pipeline(&self, ops: &[Op], indices: &[usize]) -> Result<Vec<Value>, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        let mut registered: Vec<&Topic> = Vec::new();
+        let mut invocations = Vec::with_capacity(indices.len());
+        for &index in indices {
+            let invocation = match &ops[index] {
+                Op::Put(put) => {
+                    // Register the topic before its first put, so a dispatcher that
+                    // restarts finds it; SADD of a known member is a no-op.
+                    if !registered.contains(&&put.topic) {
+                        pipe.sadd(self.keys.topics(), put.topic.as_str()).ignore();
+                        registered.push(&put.topic);
+                    }
+                    let (kind, when) = match put.due {
+                        Due::Delay(ms) => ("delay", ms),
+                        Due::At(ms) => ("at", ms),
+                    };
+                    let mode = match put.mode {
+                        PutMode::Keep => "nx",
+                        PutMode::Replace => "replace",
+                    };
+                    let mut inv = self.scripts.put.prepare_invoke();
+                    inv.key(&self.keys.topic(&put.topic).0)
+                        .arg(put.id.as_str())
+                        .arg(&put.body[..])
+                        .arg(&put.meta[..])
+                        .arg(mode)
+                        .arg(kind)
+                        .arg(when)
+                        .arg(self.limits.max_delay_ms)
+                        .arg(self.limits.max_body_bytes)
+                        .arg(self.keys.notify_channel());
+                    inv
+                }
+                Op::Delete { topic, id } => {
+                    let mut inv = self.scripts.delete.prepare_invoke();
+                    inv.key(&self.keys.topic(topic).0).arg(id.as_str());
+                    inv
+                }
+            };
+            invocations.push(invocation);
+        }
+        for invocation in &invocations {
+            pipe.invoke_script(invocation);
+        }
+        let mut conn = self.conn.clone();
+        Ok(pipe.query_async::<Vec<Value>>(&mut conn).await?)
+    }
+
+    /// Schedules one job. See `lua/put.lua`.
+    pub async fn put(&self, request: PutRequest) -> Result<PutOutcome, StoreError> {
+        match self.apply_one(Op::Put(request)).await? {
+            Applied::Put(outcome) => Ok(outcome),
+            Applied::Delete { .. } => Err(StoreError::bad_reply("put", "delete reply")),
+        }
+    }
+
+    /// Cancels one job wherever it is; `true` if there was one.
+    pub async fn delete(&self, topic: &Topic, id: &JobId) -> Result<bool, StoreError> {
+        let op = Op::Delete {
+            topic: topic.clone(),
+            id: id.clone(),
+        };
+        match self.apply_one(op).await? {
+            Applied::Delete { removed } => Ok(removed),
+            Applied::Put(_) => Err(StoreError::bad_reply("delete", "put reply")),
+        }
+    }
+
+    async fn apply_one(&self, op: Op) -> Result<Applied, StoreError> {
+        let mut results = self.apply(std::slice::from_ref(&op)).await?;
+        match results.pop() {
+            Some(result) => Ok(result?),
+            None => Err(StoreError::bad_reply("put", "empty reply")),
+        }
+    }
+
+    /// Takes up to `limit` due jobs under a reservation of `ttr`. See `lua/reserve.lua`.
+    pub async fn reserve(&self, topic: &Topic, ttr: Duration, limit: usize) -> Result<Batch, StoreError> {
+        let ttr_ms = u64::try_from(ttr.as_millis()).unwrap_or(u64::MAX).max(1);
+        let value: Value = self
+            .scripts
+            .reserve
+            .key(&self.keys.topic(topic).0)
+            .arg(ttr_ms)
+            .arg(limit.clamp(1, MAX_BATCH))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        decode_batch("reserve", value)
+    }
+
+    /// Takes up to `limit` due jobs and deletes them at once. See `lua/pull.lua`.
+    pub async fn pull(&self, topic: &Topic, limit: usize) -> Result<Batch, StoreError> {
+        let value: Value = self
+            .scripts
+            .pull
+            .key(&self.keys.topic(topic).0)
+            .arg(limit.clamp(1, MAX_BATCH))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        decode_batch("pull", value)
+    }
+
+    /// Deletes delivered jobs whose reservation is still current; returns how many.
+    /// One round trip for any number of topics.
+    pub async fn release(&self, leases: &[Lease]) -> Result<u64, StoreError> {
+        if leases.is_empty() {
+            return Ok(0);
+        }
+        let mut by_topic: std::collections::BTreeMap<&Topic, Vec<&Lease>> = Default::default();
+        for lease in leases {
+            by_topic.entry(&lease.topic).or_default().push(lease);
+        }
+        let mut invocations = Vec::new();
+        for (topic, leases) in &by_topic {
+            for chunk in leases.chunks(MAX_BATCH) {
+                let mut inv = self.scripts.release.prepare_invoke();
+                inv.key(&self.keys.topic(topic).0);
+                for lease in chunk {
+                    inv.arg(lease.id.as_str()).arg(lease.token);
+                }
+                invocations.push(inv);
+            }
+        }
+        let mut total = 0;
+        for attempt in 0..2 {
+            let mut pipe = redis::pipe();
+            for inv in &invocations {
+                pipe.invoke_script(inv);
+            }
+            match pipe.query_async::<Vec<u64>>(&mut self.conn.clone()).await {
+                Ok(counts) => {
+                    total = counts.iter().sum();
+                    break;
+                }
+                // Releasing twice is harmless: the second finds nothing to delete.
+                Err(err) if error::is_noscript(&err) && attempt == 0 => self.load_scripts().await?,
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Ok(total)
+    }
+
+    /// Hands a reserved job back, due again after `delay`; `false` if it was no longer
+    /// ours. See `lua/retry.lua`.
+    pub async fn retry(&self, lease: &Lease, delay: Duration) -> Result<bool, StoreError> {
+        let moved: i64 = self
+            .scripts
+            .retry
+            .key(&self.keys.topic(&lease.topic).0)
+            .arg(lease.id.as_str())
+            .arg(lease.token)
+            .arg(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(moved == 1)
+    }
+
+    /// Makes up to `limit` expired reservations of a topic due again. See `lua/requeue.lua`.
+    pub async fn requeue(&self, topic: &Topic, limit: usize) -> Result<Requeued, StoreError> {
+        let value: Value = self
+            .scripts
+            .requeue
+            .key(&self.keys.topic(topic).0)
+            .arg(limit.clamp(1, MAX_BATCH))
+            .arg(self.keys.notify_channel())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let mut reply = Reader::new("requeue", value)?;
+        Ok(Requeued {
+            count: u64::try_from(reply.int("count")?).unwrap_or(0),
+            next_deadline: optional_time(reply.int("next_deadline")?),
+        })
+    }
+
+    /// One job by id, or `None`. See `lua/get.lua`.
+    pub async fn get(&self, topic: &Topic, id: &JobId) -> Result<Option<JobInfo>, StoreError> {
+        let value: Value = self
+            .scripts
+            .get
+            .key(&self.keys.topic(topic).0)
+            .arg(id.as_str())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        if value == Value::Nil {
+            return Ok(None);
+        }
+        let mut reply = Reader::new("get", value)?;
+        let state = match reply.string("state")?.as_str() {
+            "scheduled" => JobState::Scheduled,
+            "reserved" => JobState::Reserved,
+            "unindexed" => JobState::Unindexed,
+            other => return Err(StoreError::bad_reply("get", format!("unknown state {other}"))),
+        };
+        Ok(Some(JobInfo {
+            state,
+            due_at: reply.int("due_at")?,
+            attempts: u32::try_from(reply.int("attempts")?).unwrap_or(u32::MAX),
+            token: u64::try_from(reply.int("token")?).unwrap_or(0),
+            deadline: optional_time(reply.int("deadline")?),
+            meta: reply.bytes("meta")?,
+            body: reply.bytes("body")?,
+        }))
+    }
+
+    /// A topic's jobs counted by state. See `lua/stats.lua`.
+    pub async fn stats(&self, topic: &Topic) -> Result<TopicStats, StoreError> {
+        let value: Value = self
+            .scripts
+            .stats
+            .key(&self.keys.topic(topic).0)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let mut reply = Reader::new("stats", value)?;
+        let mut count = |what| reply.int(what).map(|n| u64::try_from(n).unwrap_or(0));
+        Ok(TopicStats {
+            now: count("now")? as i64,
+            scheduled: count("scheduled")?,
+            due_now: count("due_now")?,
+            reserved: count("reserved")?,
+            expired: count("expired")?,
+            records: count("records")?,
+        })
+    }
+
+    /// The next scheduled jobs of a topic, earliest first: `(id, due_at)`.
+    pub async fn list(&self, topic: &Topic, limit: usize, offset: usize) -> Result<Vec<(String, i64)>, StoreError> {
+        let value: Value = self
+            .scripts
+            .list
+            .key(&self.keys.topic(topic).0)
+            .arg(limit.clamp(1, MAX_BATCH))
+            .arg(offset)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let mut reply = Reader::new("list", value)?;
+        let mut entries = Vec::with_capacity(reply.remaining() / 2);
+        while reply.remaining() > 0 {
+            entries.push((reply.string("id")?, reply.int("due_at")?));
+        }
+        Ok(entries)
+    }
+
+    /// Topics that ever had a job put through this crate (or registered by hand with
+    /// `SADD <prefix>:topics`). Names that are not valid topics are skipped.
+    pub async fn topics(&self) -> Result<Vec<Topic>, StoreError> {
+        let names: Vec<String> = self.conn.clone().smembers(self.keys.topics()).await?;
+        let mut topics: Vec<Topic> = names.into_iter().filter_map(|n| Topic::new(n).ok()).collect();
+        topics.sort();
+        Ok(topics)
+    }
+
+    /// Adds a topic to the known set (puts through [`Store::apply`] do it themselves).
+    pub async fn register_topic(&self, topic: &Topic) -> Result<(), StoreError> {
+        let _: i64 = self.conn.clone().sadd(self.keys.topics(), topic.as_str()).await?;
+        Ok(())
+    }
+
+    /// The Redis server's clock, epoch ms: the one clock every due time refers to.
+    pub async fn server_time(&self) -> Result<i64, StoreError> {
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut self.conn.clone()).await?;
+        Ok(secs * 1000 + micros / 1000)
+    }
+
+    /// `PING`, for readiness checks.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let _: String = redis::cmd("PING").query_async(&mut self.conn.clone()).await?;
+        Ok(())
+    }
+}
+
+fn decode_applied(op: &Op, value: Value) -> Result<Applied, StoreError> {
+    match op {
+        Op::Put(_) => {
+            let mut reply = Reader::new("put", value)?;
+            let status = match reply.string("status")?.as_str() {
+                "scheduled" => PutStatus::Scheduled,
+                "replaced" => PutStatus::Replaced,
+                "duplicate" => PutStatus::Duplicate,
+                other => return Err(StoreError::bad_reply("put", format!("unknown status {other}"))),
+            };
+            let due_at = reply.int("due_at")?;
+            Ok(Applied::Put(PutOutcome { status, due_at }))
+        }
+        Op::Delete { .. } => match value {
+            Value::Int(n) => Ok(Applied::Delete { removed: n == 1 }),
+            other => Err(StoreError::bad_reply("delete", format!("{other:?}"))),
+        },
+    }
+}
+
+fn decode_batch(script: &'static str, value: Value) -> Result<Batch, StoreError> {
+    let mut reply = Reader::new(script, value)?;
+    let now = reply.int("now")?;
+    let next_due = optional_time(reply.int("next_due")?);
+    let mut jobs = Vec::new();
+    for mut job in reply.arrays("jobs")? {
+        jobs.push(ReservedJob {
+            id: job.string("id")?,
+            due_at: job.int("due_at")?,
+            attempt: u32::try_from(job.int("attempt")?).unwrap_or(u32::MAX),
+            token: u64::try_from(job.int("token")?).unwrap_or(0),
+            meta: job.bytes("meta")?,
+            body: job.bytes("body")?,
+        });
+    }
+    let mut corrupt_ids = reply.array("corrupt")?;
+    let mut corrupt = Vec::new();
+    while corrupt_ids.remaining() > 0 {
+        corrupt.push(String::from_utf8_lossy(&corrupt_ids.bytes("corrupt id")?).into_owned());
+    }
+    Ok(Batch {
+        now,
+        next_due,
+        jobs,
+        corrupt,
+    })
+}

@@ -1,0 +1,88 @@
+//! Decoding script replies. Scripts answer with nested arrays of integers and byte
+//! strings; these helpers turn a wrong shape into a named error instead of a panic.
+
+use redis::Value;
+
+use super::StoreError;
+
+pub(crate) struct Reader {
+    script: &'static str,
+    items: std::vec::IntoIter<Value>,
+}
+
+impl Reader {
+    pub fn new(script: &'static str, value: Value) -> Result<Self, StoreError> {
+        match value {
+            Value::Array(items) => Ok(Self {
+                script,
+                items: items.into_iter(),
+            }),
+            other => Err(StoreError::bad_reply(
+                script,
+                format!("expected an array, got {other:?}"),
+            )),
+        }
+    }
+
+    pub fn remaining(&self) -> usize {
+        self.items.len()
+    }
+
+    fn next(&mut self, what: &str) -> Result<Value, StoreError> {
+        self.items
+            .next()
+            .ok_or_else(|| StoreError::bad_reply(self.script, format!("missing {what}")))
+    }
+
+    pub fn int(&mut self, what: &str) -> Result<i64, StoreError> {
+        let script = self.script;
+        match self.next(what)? {
+            Value::Int(n) => Ok(n),
+            Value::BulkString(b) => std::str::from_utf8(&b)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| StoreError::bad_reply(script, format!("{what} is not a number"))),
+            other => Err(StoreError::bad_reply(
+                script,
+                format!("{what}: expected an integer, got {other:?}"),
+            )),
+        }
+    }
+
+    pub fn bytes(&mut self, what: &str) -> Result<Vec<u8>, StoreError> {
+        let script = self.script;
+        match self.next(what)? {
+            Value::BulkString(b) => Ok(b),
+            Value::SimpleString(s) => Ok(s.into_bytes()),
+            other => Err(StoreError::bad_reply(
+                script,
+                format!("{what}: expected a string, got {other:?}"),
+            )),
+        }
+    }
+
+    pub fn string(&mut self, what: &str) -> Result<String, StoreError> {
+        let bytes = self.bytes(what)?;
+        String::from_utf8(bytes)
+            .map_err(|_| StoreError::bad_reply(self.script, format!("{what} is not UTF-8")))
+    }
+
+    pub fn array(&mut self, what: &str) -> Result<Reader, StoreError> {
+        let value = self.next(what)?;
+        Reader::new(self.script, value)
+    }
+
+    pub fn arrays(&mut self, what: &str) -> Result<Vec<Reader>, StoreError> {
+        let mut outer = self.array(what)?;
+        let mut readers = Vec::with_capacity(outer.remaining());
+        while outer.remaining() > 0 {
+            readers.push(outer.array(what)?);
+        }
+        Ok(readers)
+    }
+}
+
+/// `-1` in a reply means "none".
+pub(crate) fn optional_time(ms: i64) -> Option<i64> {
+    (ms >= 0).then_some(ms)
+}

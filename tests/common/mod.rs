@@ -1,0 +1,107 @@
+//! Shared by the integration tests: real Redis and RabbitMQ, isolated per test by a
+//! unique key prefix and unique exchange/queue names, cleaned up on drop.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redisched::store::{ConnectOptions, Limits, Store};
+
+pub const HOW_TO_START_REDIS: &str = "start it with: redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save \"\" --appendonly no  (or set REDISCHED_TEST_REDIS_URL)";
+pub const HOW_TO_START_RABBITMQ: &str =
+    "start it with: rabbitmq-server -detached  (or set REDISCHED_TEST_AMQP_URL)";
+
+pub fn redis_url() -> String {
+    std::env::var("REDISCHED_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
+}
+
+pub fn amqp_url() -> String {
+    std::env::var("REDISCHED_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// A name no other test (or earlier run) uses.
+pub fn unique(label: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "t{}-{}-{:x}-{}",
+        label,
+        std::process::id(),
+        nanos & 0xffff_ffff,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub const DEFAULT_LIMITS: Limits = Limits {
+    max_delay_ms: 366 * 24 * 3_600_000,
+    max_body_bytes: 1 << 20,
+};
+
+/// A store under its own key prefix; every key under it is deleted on drop.
+pub struct TestStore {
+    pub store: Store,
+    pub prefix: String,
+}
+
+impl std::ops::Deref for TestStore {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        &self.store
+    }
+}
+
+pub async fn test_store() -> TestStore {
+    test_store_with(DEFAULT_LIMITS).await
+}
+
+pub async fn test_store_with(limits: Limits) -> TestStore {
+    let prefix = unique("store");
+    let options = ConnectOptions {
+        url: redis_url(),
+        prefix: prefix.clone(),
+        connect_timeout: Duration::from_secs(3),
+        response_timeout: Duration::from_secs(5),
+    };
+    let store = match Store::connect(&options, limits).await {
+        Ok(store) => store,
+        Err(err) => panic!(
+            "cannot reach Redis at {}: {err}\n{HOW_TO_START_REDIS}",
+            redis_url()
+        ),
+    };
+    TestStore { store, prefix }
+}
+
+/// Deletes every key under `prefix` (used on drop, also after a failed assertion).
+pub fn delete_prefix(prefix: &str) {
+    let Ok(client) = redis::Client::open(redis_url()) else {
+        return;
+    };
+    let Ok(mut conn) = client.get_connection() else {
+        return;
+    };
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query(&mut conn)
+        .unwrap_or_default();
+    if !keys.is_empty() {
+        let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&keys).query(&mut conn);
+    }
+}
+
+impl Drop for TestStore {
+    fn drop(&mut self) {
+        delete_prefix(&self.prefix);
+    }
+}
+
+/// A plain synchronous Redis connection for inspecting raw keys in tests.
+pub fn raw_redis() -> redis::Connection {
+    redis::Client::open(redis_url())
+        .and_then(|c| c.get_connection())
+        .unwrap_or_else(|e| panic!("cannot reach Redis at {}: {e}\n{HOW_TO_START_REDIS}", redis_url()))
+}
