@@ -10,3 +10,5 @@
 pub mod job;
 pub mod store;
 pub mod config;
+pub mod feed;
+pub mod metrics;

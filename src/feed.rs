@@ -1,0 +1,54 @@
+//! Live events for watchers (the dashboard's server-sent events): dispatched jobs and
+//! applied commands. Lossy by design: a slow watcher misses events, the bridge never waits.
+
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Event {
+    /// A job was published, confirmed and released.
+    Dispatched {
+        topic: String,
+        id: String,
+        due_at: i64,
+        attempt: u32,
+        /// Confirmed at, by the bridge's clock (epoch ms).
+        at: i64,
+        lateness_ms: i64,
+    },
+    /// A command changed (or tried to change) the store.
+    Command {
+        topic: String,
+        id: String,
+        op: String,
+        outcome: String,
+    },
+}
+
+#[derive(Clone)]
+pub struct Feed {
+    sender: broadcast::Sender<Event>,
+}
+
+impl Feed {
+    pub fn new() -> Self {
+        let (sender, _) = broadcast::channel(1024);
+        Self { sender }
+    }
+
+    pub fn send(&self, event: Event) {
+        // No subscriber is the normal case; nothing to do then.
+        let _ = self.sender.send(event);
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.sender.subscribe()
+    }
+}
+
+impl Default for Feed {
+    fn default() -> Self {
+        Self::new()
+    }
+}
