@@ -156,6 +156,11 @@ impl Store {
     /// be said about the batch (Redis unreachable): the caller retries all of it, which
     /// is safe because applying a command twice in order leaves the same state.
     pub async fn apply(&self, ops: &[Op]) -> Result<Vec<Result<Applied, Rejection>>, StoreError> {
+        // An empty pipeline is a client error in the redis crate, which would surface as
+        // `Unavailable` and make a caller retry nothing forever.
+        if ops.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut results: Vec<Option<Result<Applied, Rejection>>> = vec![None; ops.len()];
         let mut pending: Vec<usize> = (0..ops.len()).collect();
         // Twice at most: the second pass reruns what met an empty script cache.
@@ -434,6 +439,23 @@ impl Store {
         Ok(entries)
     }
 
+    /// Due time of each topic's earliest scheduled job, in one round trip.
+    pub async fn next_due_times(&self, topics: &[Topic]) -> Result<Vec<Option<i64>>, StoreError> {
+        if topics.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for topic in topics {
+            let [scheduled, ..] = &self.keys.topic(topic).0;
+            pipe.cmd("ZRANGE").arg(scheduled).arg(0).arg(0).arg("WITHSCORES");
+        }
+        let heads: Vec<Vec<(String, f64)>> = pipe.query_async(&mut self.conn.clone()).await?;
+        Ok(heads
+            .into_iter()
+            .map(|head| head.first().map(|(_, score)| *score as i64))
+            .collect())
+    }
+
     /// Topics that ever had a job put through this crate (or registered by hand with
     /// `SADD <prefix>:topics`). Names that are not valid topics are skipped.
     pub async fn topics(&self) -> Result<Vec<Topic>, StoreError> {
@@ -487,9 +509,20 @@ fn decode_batch(script: &'static str, value: Value) -> Result<Batch, StoreError>
     let now = reply.int("now")?;
     let next_due = optional_time(reply.int("next_due")?);
     let mut jobs = Vec::new();
+    let mut corrupt = Vec::new();
     for mut job in reply.arrays("jobs")? {
+        // An id that is not UTF-8 can only come from a raw write (put.lua refuses it).
+        // Failing the whole batch would leave every job of it reserved and redelivered
+        // forever, so that one job is reported as corrupt instead.
+        let id = match String::from_utf8(job.bytes("id")?) {
+            Ok(id) => id,
+            Err(err) => {
+                corrupt.push(String::from_utf8_lossy(err.as_bytes()).into_owned());
+                continue;
+            }
+        };
         jobs.push(ReservedJob {
-            id: job.string("id")?,
+            id,
             due_at: job.int("due_at")?,
             attempt: u32::try_from(job.int("attempt")?).unwrap_or(u32::MAX),
             token: u64::try_from(job.int("token")?).unwrap_or(0),
@@ -498,7 +531,6 @@ fn decode_batch(script: &'static str, value: Value) -> Result<Batch, StoreError>
         });
     }
     let mut corrupt_ids = reply.array("corrupt")?;
-    let mut corrupt = Vec::new();
     while corrupt_ids.remaining() > 0 {
         corrupt.push(String::from_utf8_lossy(&corrupt_ids.bytes("corrupt id")?).into_owned());
     }

@@ -58,6 +58,19 @@ pub async fn test_store() -> TestStore {
     test_store_with(DEFAULT_LIMITS).await
 }
 
+/// A store on an existing prefix (e.g. a bridge's), not cleaned up by this handle.
+pub async fn test_store_named(prefix: &str) -> Store {
+    let options = ConnectOptions {
+        url: redis_url(),
+        prefix: prefix.to_string(),
+        connect_timeout: Duration::from_secs(3),
+        response_timeout: Duration::from_secs(5),
+    };
+    Store::connect(&options, DEFAULT_LIMITS)
+        .await
+        .unwrap_or_else(|err| panic!("cannot reach Redis at {}: {err}\n{HOW_TO_START_REDIS}", redis_url()))
+}
+
 pub async fn test_store_with(limits: Limits) -> TestStore {
     let prefix = unique("store");
     let options = ConnectOptions {
@@ -105,3 +118,4 @@ pub fn raw_redis() -> redis::Connection {
         .and_then(|c| c.get_connection())
         .unwrap_or_else(|e| panic!("cannot reach Redis at {}: {e}\n{HOW_TO_START_REDIS}", redis_url()))
 }
+pub mod bridge;

@@ -1,0 +1,122 @@
+//! The AMQP side shared by ingest and dispatch: connecting, declaring the topology,
+//! and the wire contract's names.
+
+mod properties;
+
+use lapin::options::{
+    BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+
+use crate::config::AmqpConfig;
+pub use properties::{decode_meta, encode_meta, forwardable, outgoing_properties};
+
+/// Header names of the wire contract. Producers and consumers code against these.
+pub mod headers {
+    /// Delay in ms (integer or numeric string), as with RabbitMQ's delayed-message plugin.
+    pub const DELAY: &str = "x-delay";
+    /// Absolute due time, epoch ms.
+    pub const DELIVER_AT: &str = "x-deliver-at";
+    /// `put` (default), `replace` or `delete`.
+    pub const OP: &str = "x-redisched-op";
+    /// Why a command was set aside to the invalid exchange.
+    pub const ERROR: &str = "x-redisched-error";
+    /// On delivered jobs: the topic, the due time (epoch ms) and the attempt (1 first).
+    pub const TOPIC: &str = "x-redisched-topic";
+    pub const DUE_AT: &str = "x-redisched-due-at";
+    pub const ATTEMPT: &str = "x-redisched-attempt";
+    /// Control headers: consumed by the bridge, never stored or forwarded.
+    pub const CONTROL: [&str; 3] = [DELAY, DELIVER_AT, OP];
+}
+
+/// The AMQP error boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum AmqpError {
+    #[error("invalid AMQP URL ({0})")]
+    Url(String),
+    #[error("AMQP: {0}")]
+    Broker(#[from] lapin::Error),
+    #[error("AMQP: {0}")]
+    Timeout(&'static str),
+    #[error("AMQP session ended unexpectedly")]
+    Ended,
+    /// The broker refused a publish the bridge must not lose (set-aside commands).
+    #[error("the broker did not confirm the publish to {exchange}")]
+    NotConfirmed { exchange: String },
+}
+
+/// Opens a connection named `name` (shown in the broker's connection list).
+pub async fn connect(config: &AmqpConfig, name: &str) -> Result<Connection, AmqpError> {
+    let mut uri: lapin::uri::AMQPUri = config.url.parse().map_err(AmqpError::Url)?;
+    uri.query.heartbeat = Some(config.heartbeat_secs);
+    // Without a timeout a black-holed broker address would hang the connect forever.
+    uri.query.connection_timeout.get_or_insert(10_000);
+    let properties = ConnectionProperties::default().with_connection_name(name.into());
+    Ok(Connection::connect_uri(uri, properties).await?)
+}
+
+/// Declares exchanges, queues and bindings (idempotent). Queue arguments must match an
+/// existing queue's, or the broker refuses with PRECONDITION_FAILED, which we report.
+pub async fn declare_topology(channel: &Channel, config: &AmqpConfig) -> lapin::Result<()> {
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    for exchange in [
+        &config.commands_exchange,
+        &config.invalid_exchange,
+        &config.ready_exchange,
+    ] {
+        channel
+            .exchange_declare(exchange.as_str().into(), ExchangeKind::Topic, durable, FieldTable::default())
+            .await?;
+    }
+    let mut commands_args = FieldTable::default();
+    if config.single_active_consumer {
+        commands_args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+    }
+    let mut invalid_args = FieldTable::default();
+    if config.quorum_queues {
+        for args in [&mut commands_args, &mut invalid_args] {
+            args.insert("x-queue-type".into(), AMQPValue::LongString(LongString::from("quorum")));
+        }
+    }
+    let durable_queue = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    for (queue, exchange, args) in [
+        (&config.commands_queue, &config.commands_exchange, commands_args),
+        (&config.invalid_queue, &config.invalid_exchange, invalid_args),
+    ] {
+        channel
+            .queue_declare(queue.as_str().into(), durable_queue, args)
+            .await?;
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// A channel in publisher-confirm mode.
+pub async fn confirm_channel(connection: &Connection) -> lapin::Result<Channel> {
+    let channel = connection.create_channel().await?;
+    channel.confirm_select(ConfirmSelectOptions::default()).await?;
+    Ok(channel)
+}
+
+/// A channel for consuming with at most `prefetch` unacked deliveries.
+pub async fn consumer_channel(connection: &Connection, prefetch: u16) -> lapin::Result<Channel> {
+    let channel = connection.create_channel().await?;
+    channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
+    Ok(channel)
+}

@@ -1,0 +1,155 @@
+//! What of a command's AMQP properties travels with its job, and how it is stored.
+//!
+//! The job's `meta` is the AMQP 0-9-1 encoding of basic properties (property flags then
+//! fields, as in a content header frame): exact for every header type (nested tables,
+//! arrays, byte arrays, typed integers), compact, and readable by any AMQP codec.
+
+use lapin::protocol::basic::{gen_properties, parse_properties, AMQPProperties};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::BasicProperties;
+
+use super::headers;
+use crate::job::ReservedJob;
+
+/// The part of a command's properties that is stored and forwarded: content type and
+/// encoding, type, app id, correlation id, priority, timestamp, and every header but
+/// the control ones. Deliberately left behind: `message_id` (the job id travels on
+/// its own), `reply_to` (it addresses the command's reply), `expiration` (a TTL meant
+/// for the command queue must not silently expire the delivered job), `user_id` (the
+/// broker rejects a publish whose user_id is not the publishing user), `delivery_mode`
+/// (jobs are always delivered persistent) and the deprecated `cluster_id`.
+pub fn forwardable(props: &BasicProperties) -> AMQPProperties {
+    let mut kept = AMQPProperties::default();
+    if let Some(v) = props.content_type() {
+        kept = kept.with_content_type(v.clone());
+    }
+    if let Some(v) = props.content_encoding() {
+        kept = kept.with_content_encoding(v.clone());
+    }
+    if let Some(v) = props.kind() {
+        kept = kept.with_type(v.clone());
+    }
+    if let Some(v) = props.app_id() {
+        kept = kept.with_app_id(v.clone());
+    }
+    if let Some(v) = props.correlation_id() {
+        kept = kept.with_correlation_id(v.clone());
+    }
+    if let Some(v) = props.priority() {
+        kept = kept.with_priority(*v);
+    }
+    if let Some(v) = props.timestamp() {
+        kept = kept.with_timestamp(*v);
+    }
+    if let Some(table) = props.headers() {
+        let mut rest = FieldTable::default();
+        for (key, value) in table {
+            if !headers::CONTROL.contains(&key.as_str()) {
+                rest.insert(key.clone(), value.clone());
+            }
+        }
+        if !rest.inner().is_empty() {
+            kept = kept.with_headers(rest);
+        }
+    }
+    kept
+}
+
+/// Encodes properties for storage; no properties at all is stored as empty bytes.
+pub fn encode_meta(props: &AMQPProperties) -> Vec<u8> {
+    if *props == AMQPProperties::default() {
+        return Vec::new();
+    }
+    // Serialising into a growable Vec cannot run out of room.
+    cookie_factory::gen_simple(gen_properties(props), Vec::new()).unwrap_or_default()
+}
+
+/// Decodes stored properties. Meta written by other clients may be anything: what does
+/// not parse is reported, and the job is still delivered with the properties we can
+/// vouch for.
+pub fn decode_meta(meta: &[u8]) -> Result<AMQPProperties, String> {
+    if meta.is_empty() {
+        return Ok(AMQPProperties::default());
+    }
+    match parse_properties(meta) {
+        Ok((rest, props)) if rest.is_empty() => Ok(props),
+        Ok((rest, _)) => Err(format!("{} trailing bytes after the properties", rest.len())),
+        Err(err) => Err(format!("unreadable properties: {err}")),
+    }
+}
+
+/// The properties a due job is published with: its stored ones, persistent, with the
+/// job id as message_id and the `x-redisched-*` delivery headers.
+pub fn outgoing_properties(topic: &str, job: &ReservedJob, stored: AMQPProperties) -> BasicProperties {
+    let mut table = stored.headers().clone().unwrap_or_default();
+    table.insert(
+        headers::TOPIC.into(),
+        AMQPValue::LongString(LongString::from(topic.as_bytes().to_vec())),
+    );
+    table.insert(headers::DUE_AT.into(), AMQPValue::LongLongInt(job.due_at));
+    table.insert(
+        headers::ATTEMPT.into(),
+        AMQPValue::LongLongInt(i64::from(job.attempt)),
+    );
+    let message_id = ShortString::try_new(job.id.clone())
+        .unwrap_or_else(|_| ShortString::from(job.id.chars().take(64).collect::<String>()));
+    stored
+        .with_headers(table)
+        .with_message_id(message_id)
+        .with_delivery_mode(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::types::{ByteArray, FieldArray};
+
+    #[test]
+    fn every_header_type_survives_storage_and_control_fields_do_not() {
+        let mut nested = FieldTable::default();
+        nested.insert("deep".into(), AMQPValue::LongUInt(7));
+        let mut table = FieldTable::default();
+        table.insert("s".into(), AMQPValue::LongString("text".into()));
+        table.insert("i8".into(), AMQPValue::ShortShortInt(-3));
+        table.insert("i64".into(), AMQPValue::LongLongInt(-1 << 40));
+        table.insert("b".into(), AMQPValue::Boolean(true));
+        table.insert("f".into(), AMQPValue::Double(1.5));
+        table.insert("t".into(), AMQPValue::FieldTable(nested));
+        table.insert(
+            "a".into(),
+            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::ShortUInt(1), AMQPValue::Void])),
+        );
+        table.insert("x".into(), AMQPValue::ByteArray(ByteArray::from(vec![0u8, 255, 10])));
+        table.insert(headers::DELAY.into(), AMQPValue::LongLongInt(5000));
+        table.insert(headers::OP.into(), AMQPValue::LongString("replace".into()));
+        let props = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_message_id("job-1".into())
+            .with_expiration("60000".into())
+            .with_reply_to("replies".into())
+            .with_user_id("alice".into())
+            .with_priority(3)
+            .with_timestamp(1_700_000_000)
+            .with_headers(table);
+
+        let kept = forwardable(&props);
+        let decoded = decode_meta(&encode_meta(&kept)).expect("round trip");
+        assert_eq!(decoded, kept);
+        assert_eq!(decoded.message_id(), &None);
+        assert_eq!(decoded.expiration(), &None);
+        assert_eq!(decoded.reply_to(), &None);
+        assert_eq!(decoded.user_id(), &None);
+        assert_eq!(decoded.priority(), &Some(3));
+        let headers = decoded.headers().clone().expect("headers kept");
+        assert!(!headers.contains_key(headers::DELAY) && !headers.contains_key(headers::OP));
+        assert_eq!(headers.inner().len(), 8);
+        assert_eq!(headers.inner().get("x"), Some(&AMQPValue::ByteArray(ByteArray::from(vec![0u8, 255, 10]))));
+    }
+
+    #[test]
+    fn no_properties_store_as_nothing_and_garbage_is_reported() {
+        assert!(encode_meta(&AMQPProperties::default()).is_empty());
+        assert_eq!(decode_meta(b""), Ok(AMQPProperties::default()));
+        assert!(decode_meta(b"\xff\xff\x01").is_err());
+    }
+}

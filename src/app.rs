@@ -1,0 +1,194 @@
+//! `redisched run`: wires the stages together and owns the shutdown token.
+//!
+//! Redis-side tasks (the requeue sweep, the notification listener, the HTTP API) live
+//! for the whole process. AMQP-side work (ingest and dispatch) runs in *sessions*: one
+//! connection each; when the broker goes away the session ends, and a new one is
+//! opened with backoff, re-declaring the topology. Nothing is lost in between:
+//! unacked commands are redelivered by the broker and unreleased jobs stay in Redis.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::amqp::{self, AmqpError};
+use crate::config::Config;
+use crate::dispatch::{self, Dispatcher, Plan, ServerClock, Wake};
+use crate::feed::Feed;
+use crate::http::{self, AppState};
+use crate::ingest::Ingest;
+use crate::metrics::Metrics;
+use crate::requeue;
+use crate::store::Store;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("cannot listen for HTTP on {addr}: {source}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Runs the bridge until `shutdown` is cancelled, then stops intake, drains in-flight
+/// confirms (bounded by `dispatch.shutdown_grace_ms`) and returns.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppError> {
+    let config = Arc::new(config);
+    let metrics = Arc::new(Metrics::new());
+    let feed = Feed::new();
+    let wake = Arc::new(Wake::new());
+
+    // Bind first: a port conflict is a configuration error worth failing on at once.
+    let listener = if config.http.enabled {
+        let addr = config.http.listen.clone();
+        Some(
+            tokio::net::TcpListener::bind(&addr)
+                .await
+                .map_err(|source| AppError::Listen { addr, source })?,
+        )
+    } else {
+        None
+    };
+
+    let Some(store) = connect_store(&config, &metrics, &shutdown).await else {
+        return Ok(());
+    };
+    let tasks = TaskTracker::new();
+    if let Some(listener) = listener {
+        let state = AppState {
+            store: store.clone(),
+            metrics: metrics.clone(),
+            feed: feed.clone(),
+            config: config.clone(),
+        };
+        let token = shutdown.clone();
+        tasks.spawn(async move {
+            if let Err(err) = http::serve(state, listener, token).await {
+                tracing::error!(error = %err, "HTTP server stopped");
+            }
+        });
+    }
+    tasks.spawn(dispatch::listen(
+        config.redis.url.clone(),
+        store.keys().notify_channel(),
+        wake.clone(),
+        shutdown.clone(),
+    ));
+    tasks.spawn(requeue::run(
+        store.clone(),
+        metrics.clone(),
+        Duration::from_millis(config.dispatch.requeue_interval_ms),
+        shutdown.clone(),
+    ));
+    tasks.close();
+
+    let ingest = Ingest {
+        store: store.clone(),
+        config: config.clone(),
+        metrics: metrics.clone(),
+        feed: feed.clone(),
+        wake: wake.clone(),
+    };
+    let dispatcher = Dispatcher {
+        store,
+        config: config.clone(),
+        metrics: metrics.clone(),
+        feed,
+        wake,
+        clock: Arc::new(ServerClock::new()),
+    };
+    let mut plan = Plan::default();
+    let min_backoff = Duration::from_millis(config.amqp.reconnect_min_ms);
+    let mut backoff = min_backoff;
+    while !shutdown.is_cancelled() {
+        let started = Instant::now();
+        match session(&config, &ingest, &dispatcher, &mut plan, &metrics, &shutdown).await {
+            Ok(()) => break,
+            Err(err) => {
+                if started.elapsed() > Duration::from_secs(30) {
+                    backoff = min_backoff;
+                }
+                tracing::warn!(error = %err, retry_in = ?backoff, "AMQP session ended; reconnecting");
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_millis(config.amqp.reconnect_max_ms));
+            }
+        }
+    }
+    tracing::info!("shutting down");
+    if tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await.is_err() {
+        tracing::warn!("background tasks did not stop within 5 s");
+    }
+    Ok(())
+}
+
+/// Waits for Redis (with backoff) instead of exiting: a bridge started before its
+/// Redis, or during a Redis restart, must not crash-loop. `None` on shutdown.
+async fn connect_store(config: &Config, metrics: &Metrics, shutdown: &CancellationToken) -> Option<Store> {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match Store::connect(&config.connect_options(), config.limits()).await {
+            Ok(store) => {
+                metrics.redis_up.set(1);
+                tracing::info!(url = %crate::config::redact_url(&config.redis.url), prefix = %config.redis.prefix, "connected to Redis");
+                return Some(store);
+            }
+            Err(err) => {
+                metrics.redis_up.set(0);
+                tracing::warn!(error = %err, retry_in = ?backoff, "cannot reach Redis yet");
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(10));
+    }
+}
+
+/// One AMQP connection carrying ingest and dispatch. Ends `Ok` only on shutdown.
+async fn session(
+    config: &Config,
+    ingest: &Ingest,
+    dispatcher: &Dispatcher,
+    plan: &mut Plan,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) -> Result<(), AmqpError> {
+    let name = format!("redisched {} pid {}", env!("CARGO_PKG_VERSION"), std::process::id());
+    let connection = tokio::time::timeout(Duration::from_secs(20), amqp::connect(&config.amqp, &name))
+        .await
+        .map_err(|_| AmqpError::Timeout("connection attempt timed out after 20 s"))??;
+    let setup = connection.create_channel().await?;
+    amqp::declare_topology(&setup, &config.amqp).await?;
+    let _ = setup.close(200, "topology declared".into()).await;
+    metrics.set_topology_ready(true);
+    tracing::info!(url = %crate::config::redact_url(&config.amqp.url), "connected to AMQP; topology declared");
+
+    let session_end = shutdown.child_token();
+    let (ingested, dispatched) = tokio::join!(
+        async {
+            let result = ingest.run(&connection, session_end.clone()).await;
+            session_end.cancel();
+            result
+        },
+        async {
+            let result = dispatcher.run(plan, &connection, session_end.clone()).await;
+            session_end.cancel();
+            result
+        },
+    );
+    metrics.set_topology_ready(false);
+    let _ = connection.close(200, "bye".into()).await;
+    ingested?;
+    dispatched?;
+    if shutdown.is_cancelled() {
+        Ok(())
+    } else {
+        Err(AmqpError::Ended)
+    }
+}

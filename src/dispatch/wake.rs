@@ -1,0 +1,133 @@
+//! How the dispatcher learns that a topic has work earlier than it planned for.
+//!
+//! Two sources feed the same hints: the ingest stage (in-process, for commands this
+//! bridge applied) and Redis Pub/Sub (the put and requeue scripts publish when a
+//! topic's head moves earlier, whoever called them). Hints only wake the dispatcher
+//! early; correctness never depends on them, because the reserve script decides what
+//! is due by the server's clock and a periodic rescan catches anything missed.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::job::Topic;
+
+#[derive(Default)]
+pub struct Wake {
+    hints: Mutex<HashMap<Topic, i64>>,
+    rescan: AtomicBool,
+    notify: Notify,
+}
+
+impl Wake {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `topic` has a job due at `due_at` (server epoch ms).
+    pub fn hint(&self, topic: &Topic, due_at: i64) {
+        if let Ok(mut hints) = self.hints.lock() {
+            hints
+                .entry(topic.clone())
+                .and_modify(|d| *d = (*d).min(due_at))
+                .or_insert(due_at);
+        }
+        self.notify.notify_one();
+    }
+
+    /// Hints may have been missed (Pub/Sub reconnected): look at every topic again.
+    pub fn request_rescan(&self) {
+        self.rescan.store(true, Ordering::Release);
+        self.notify.notify_one();
+    }
+
+    pub(crate) fn take_hints(&self) -> HashMap<Topic, i64> {
+        self.hints.lock().map(|mut h| std::mem::take(&mut *h)).unwrap_or_default()
+    }
+
+    pub(crate) fn take_rescan(&self) -> bool {
+        self.rescan.swap(false, Ordering::AcqRel)
+    }
+
+    pub(crate) async fn notified(&self) {
+        self.notify.notified().await;
+    }
+}
+
+/// Parses a notification payload `'<due_at>|<topic>'`.
+pub fn parse_notification(payload: &[u8]) -> Option<(Topic, i64)> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let (due, topic) = text.split_once('|')?;
+    Some((Topic::new(topic).ok()?, due.parse().ok()?))
+}
+
+/// Listens on the notify channel until shutdown, reconnecting with backoff. After
+/// each (re)subscription it asks for a rescan, since notifications sent while it was
+/// away are lost.
+pub async fn listen(redis_url: String, channel: String, wake: std::sync::Arc<Wake>, shutdown: CancellationToken) {
+    let mut backoff = Duration::from_millis(100);
+    while !shutdown.is_cancelled() {
+        let subscribed = async {
+            let client = redis::Client::open(redis_url.as_str())?;
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        }
+        .await;
+        match subscribed {
+            Ok(pubsub) => {
+                backoff = Duration::from_millis(100);
+                wake.request_rescan();
+                let mut messages = pubsub.into_on_message();
+                loop {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        message = messages.next() => match message {
+                            Some(message) => {
+                                if let Some((topic, due)) = parse_notification(message.get_payload_bytes()) {
+                                    wake.hint(&topic, due);
+                                }
+                            }
+                            None => {
+                                tracing::warn!("notification subscription lost; resubscribing");
+                                break;
+                            }
+                        },
+                    }
+                }
+            }
+            Err(err) => tracing::warn!(error = %err, "cannot subscribe to notifications; retrying"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notifications_parse_and_hints_keep_the_earliest() {
+        assert_eq!(
+            parse_notification(b"1700000000000|mail.welcome"),
+            Some((Topic::new("mail.welcome").unwrap(), 1_700_000_000_000))
+        );
+        assert_eq!(parse_notification(b"garbage"), None);
+        let wake = Wake::new();
+        let topic = Topic::new("t").unwrap();
+        wake.hint(&topic, 50);
+        wake.hint(&topic, 20);
+        wake.hint(&topic, 70);
+        assert_eq!(wake.take_hints().get(&topic), Some(&20));
+        assert!(wake.take_hints().is_empty());
+    }
+}

@@ -1,0 +1,267 @@
+//! Stage 1: commands in. Consumes the commands queue, applies each command to the
+//! store, then acks. Invalid commands are set aside (publisher-confirmed) to the
+//! invalid exchange with their reason before they are acked; nothing is dropped.
+//!
+//! Order: deliveries are applied in delivery order, in pipelined batches, and acked
+//! with one cumulative ack after the whole batch is applied. A crash before the ack
+//! makes the broker redeliver the batch, which re-applies it in the same order, so a
+//! delete that followed a put still wins.
+
+mod decode;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{FutureExt, StreamExt};
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Channel, Connection, PublisherConfirm};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::amqp::{self, headers, AmqpError};
+use crate::config::Config;
+use crate::dispatch::Wake;
+use crate::feed::{Event, Feed};
+use crate::job::PutStatus;
+use crate::metrics::Metrics;
+use crate::store::{Applied, Op, Store, StoreError};
+pub use decode::{decode, decode_parts, Invalid};
+
+pub struct Ingest {
+    pub store: Store,
+    pub config: Arc<Config>,
+    pub metrics: Arc<Metrics>,
+    pub feed: Feed,
+    pub wake: Arc<Wake>,
+}
+
+/// How one delivery ended, before it is acked.
+enum Outcome {
+    Applied(Applied),
+    Invalid(String),
+}
+
+impl Ingest {
+    /// Consumes until `shutdown` or a broker error. On shutdown the consumer is
+    /// cancelled and the batch in hand is finished; prefetched deliveries that were not
+    /// started go back to the queue when the channel closes.
+    pub async fn run(&self, connection: &Connection, shutdown: CancellationToken) -> Result<(), AmqpError> {
+        let cfg = &self.config.amqp;
+        let channel = amqp::consumer_channel(connection, self.config.ingest.prefetch).await?;
+        let side = amqp::confirm_channel(connection).await?;
+        let tag = format!("redisched-ingest-{}", std::process::id());
+        let mut consumer = channel
+            .basic_consume(
+                cfg.commands_queue.as_str().into(),
+                tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        tracing::info!(queue = %cfg.commands_queue, "consuming commands");
+
+        loop {
+            let first = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                next = consumer.next() => match next {
+                    Some(delivery) => delivery?,
+                    None => return Err(AmqpError::Broker(lapin::ErrorKind::InvalidChannelState(
+                        lapin::ChannelState::Closed, "consumer cancelled by the broker").into())),
+                },
+            };
+            let mut batch = vec![first];
+            while batch.len() < self.config.ingest.batch {
+                match consumer.next().now_or_never() {
+                    Some(Some(delivery)) => batch.push(delivery?),
+                    _ => break,
+                }
+            }
+            if !self.process(&side, batch, &shutdown).await? {
+                break;
+            }
+        }
+        // Best effort: the connection may already be gone, and unacked deliveries are
+        // requeued by the broker either way.
+        let _ = channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()).await;
+        let _ = channel.close(200, "shutdown".into()).await;
+        let _ = side.close(200, "shutdown".into()).await;
+        Ok(())
+    }
+
+    /// Applies a batch and acks it. `Ok(false)`: shutdown came while Redis was
+    /// unreachable; the batch stays unacked and will be redelivered.
+    async fn process(&self, side: &Channel, batch: Vec<Delivery>, shutdown: &CancellationToken) -> Result<bool, AmqpError> {
+        let limits = self.store.limits();
+        let decoded: Vec<Result<Op, Invalid>> = batch.iter().map(|d| decode(d, limits)).collect();
+        let ops: Vec<Op> = decoded.iter().filter_map(|d| d.as_ref().ok().cloned()).collect();
+        let Some(mut applied) = self.apply_until_done(&ops, shutdown).await else {
+            return Ok(false);
+        };
+        applied.reverse();
+
+        let mut set_aside: Vec<PublisherConfirm> = Vec::new();
+        for (delivery, decoded) in batch.iter().zip(decoded) {
+            let outcome = match decoded {
+                Err(invalid) => Outcome::Invalid(invalid.0),
+                Ok(op) => match applied.pop() {
+                    Some(Ok(done)) => {
+                        self.after_applied(&op, done);
+                        Outcome::Applied(done)
+                    }
+                    Some(Err(rejection)) => Outcome::Invalid(rejection.to_string()),
+                    None => Outcome::Invalid("internal: no result for this command".into()),
+                },
+            };
+            self.record(delivery, &outcome);
+            self.reply(side, delivery, &outcome).await;
+            if let Outcome::Invalid(reason) = &outcome {
+                tracing::warn!(topic = %delivery.routing_key, id = ?delivery.properties.message_id(), %reason, "invalid command set aside");
+                set_aside.push(self.set_aside(side, delivery, reason).await?);
+            }
+        }
+        for confirm in set_aside {
+            match confirm.await? {
+                lapin::Confirmation::Ack(None) => {}
+                _ => {
+                    return Err(AmqpError::NotConfirmed {
+                        exchange: self.config.amqp.invalid_exchange.clone(),
+                    })
+                }
+            }
+        }
+        if let Some(last) = batch.last() {
+            last.acker.ack(BasicAckOptions { multiple: true }).await?;
+        }
+        Ok(true)
+    }
+
+    /// Retries while Redis is unreachable: a command is never acked before it was
+    /// applied, so an outage stalls intake instead of losing commands.
+    async fn apply_until_done(
+        &self,
+        ops: &[Op],
+        shutdown: &CancellationToken,
+    ) -> Option<Vec<Result<Applied, crate::store::Rejection>>> {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.store.apply(ops).await {
+                Ok(results) => {
+                    self.metrics.redis_up.set(1);
+                    return Some(results);
+                }
+                Err(err) => {
+                    self.metrics.redis_up.set(0);
+                    let level_error = !matches!(err, StoreError::Unavailable(_));
+                    if level_error {
+                        tracing::error!(error = %err, "store failed a command batch; retrying");
+                    } else {
+                        tracing::warn!(error = %err, retry_in = ?backoff, "redis unavailable; commands wait");
+                    }
+                }
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    fn after_applied(&self, op: &Op, applied: Applied) {
+        if let (Op::Put(put), Applied::Put(outcome)) = (op, applied) {
+            if outcome.status != PutStatus::Duplicate {
+                self.wake.hint(&put.topic, outcome.due_at);
+            }
+        }
+    }
+
+    fn record(&self, delivery: &Delivery, outcome: &Outcome) {
+        let op = decode::op_name(&delivery.properties);
+        let outcome_name = outcome_name(outcome);
+        self.metrics.command(op, outcome_name);
+        if matches!(outcome, Outcome::Invalid(_)) {
+            self.metrics.invalid_commands.inc();
+        }
+        self.feed.send(Event::Command {
+            topic: delivery.routing_key.to_string(),
+            id: delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.to_string())
+                .unwrap_or_default(),
+            op: op.into(),
+            outcome: outcome_name.into(),
+        });
+    }
+
+    /// Answers on `reply_to` when the producer asked. Best effort: a lost reply does not
+    /// undo the command, so it is not awaited.
+    async fn reply(&self, side: &Channel, delivery: &Delivery, outcome: &Outcome) {
+        let Some(reply_to) = delivery.properties.reply_to() else {
+            return;
+        };
+        let mut body = json!({
+            "status": outcome_name(outcome),
+            "topic": delivery.routing_key.as_str(),
+            "id": delivery.properties.message_id().as_ref().map(|s| s.as_str()),
+        });
+        match outcome {
+            Outcome::Applied(Applied::Put(put)) => body["due_at"] = json!(put.due_at),
+            Outcome::Invalid(reason) => body["error"] = json!(reason),
+            Outcome::Applied(Applied::Delete { .. }) => {}
+        }
+        let mut props = BasicProperties::default().with_content_type("application/json".into());
+        if let Some(correlation) = delivery.properties.correlation_id() {
+            props = props.with_correlation_id(correlation.clone());
+        }
+        let published = side
+            .basic_publish(
+                "".into(),
+                reply_to.clone(),
+                BasicPublishOptions::default(),
+                body.to_string().as_bytes(),
+                props,
+            )
+            .await;
+        if let Err(err) = published {
+            tracing::warn!(error = %err, reply_to = %reply_to, "could not send reply");
+        }
+    }
+
+    /// Republishes a command, body and properties intact, to the invalid exchange with
+    /// its reason. Mandatory: if the invalid queue is gone the publish is returned, the
+    /// command is not acked, and the session restarts and re-declares the queue.
+    async fn set_aside(&self, side: &Channel, delivery: &Delivery, reason: &str) -> Result<PublisherConfirm, AmqpError> {
+        let mut table = delivery.properties.headers().clone().unwrap_or_default();
+        table.insert(
+            headers::ERROR.into(),
+            AMQPValue::LongString(LongString::from(reason.as_bytes().to_vec())),
+        );
+        let props = delivery.properties.clone().with_headers(table);
+        Ok(side
+            .basic_publish(
+                self.config.amqp.invalid_exchange.as_str().into(),
+                delivery.routing_key.clone(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &delivery.data,
+                props,
+            )
+            .await?)
+    }
+}
+
+fn outcome_name(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Applied(Applied::Put(put)) => put.status.as_str(),
+        Outcome::Applied(Applied::Delete { removed: true }) => "deleted",
+        Outcome::Applied(Applied::Delete { removed: false }) => "not_found",
+        Outcome::Invalid(_) => "invalid",
+    }
+}

@@ -1,0 +1,385 @@
+//! Running bridges in tests: in-process (fast, for behaviour) or as a child process
+//! (for SIGKILL), each with its own exchange/queue names and key prefix, plus a
+//! producer and a consumer speaking the wire contract with lapin.
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::*;
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use redisched::config::Config;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{amqp_url, delete_prefix, redis_url, unique, HOW_TO_START_RABBITMQ};
+
+/// A configuration whose every name is unique to one test, tuned for quick tests.
+pub fn test_config(label: &str) -> Config {
+    let name = unique(label);
+    let mut config = Config::default();
+    config.redis.url = redis_url();
+    config.redis.prefix = name.clone();
+    config.amqp.url = amqp_url();
+    config.amqp.commands_exchange = format!("{name}.commands");
+    config.amqp.commands_queue = format!("{name}.commands");
+    config.amqp.invalid_exchange = format!("{name}.invalid");
+    config.amqp.invalid_queue = format!("{name}.invalid");
+    config.amqp.ready_exchange = format!("{name}.ready");
+    config.http.enabled = false;
+    config.dispatch.poll_interval_ms = 250;
+    config.dispatch.requeue_interval_ms = 250;
+    config.dispatch.retry_min_ms = 200;
+    config.dispatch.retry_max_ms = 1_000;
+    config.dispatch.shutdown_grace_ms = 3_000;
+    config.amqp.reconnect_min_ms = 100;
+    config.amqp.reconnect_max_ms = 1_000;
+    config
+}
+
+/// The env vars that make a child `redisched run` use `config`'s names.
+pub fn env_for(config: &Config) -> Vec<(String, String)> {
+    let c = config;
+    [
+        ("REDISCHED_REDIS__URL", c.redis.url.clone()),
+        ("REDISCHED_REDIS__PREFIX", c.redis.prefix.clone()),
+        ("REDISCHED_AMQP__URL", c.amqp.url.clone()),
+        ("REDISCHED_AMQP__COMMANDS_EXCHANGE", c.amqp.commands_exchange.clone()),
+        ("REDISCHED_AMQP__COMMANDS_QUEUE", c.amqp.commands_queue.clone()),
+        ("REDISCHED_AMQP__INVALID_EXCHANGE", c.amqp.invalid_exchange.clone()),
+        ("REDISCHED_AMQP__INVALID_QUEUE", c.amqp.invalid_queue.clone()),
+        ("REDISCHED_AMQP__READY_EXCHANGE", c.amqp.ready_exchange.clone()),
+        ("REDISCHED_HTTP__ENABLED", c.http.enabled.to_string()),
+        ("REDISCHED_HTTP__LISTEN", c.http.listen.clone()),
+        ("REDISCHED_DISPATCH__TTR_MS", c.dispatch.ttr_ms.to_string()),
+        ("REDISCHED_DISPATCH__POLL_INTERVAL_MS", c.dispatch.poll_interval_ms.to_string()),
+        ("REDISCHED_DISPATCH__REQUEUE_INTERVAL_MS", c.dispatch.requeue_interval_ms.to_string()),
+        ("REDISCHED_DISPATCH__RETRY_MIN_MS", c.dispatch.retry_min_ms.to_string()),
+        ("REDISCHED_DISPATCH__RETRY_MAX_MS", c.dispatch.retry_max_ms.to_string()),
+        ("REDISCHED_DISPATCH__SHUTDOWN_GRACE_MS", c.dispatch.shutdown_grace_ms.to_string()),
+        ("REDISCHED_AMQP__RECONNECT_MIN_MS", c.amqp.reconnect_min_ms.to_string()),
+        ("REDISCHED_AMQP__RECONNECT_MAX_MS", c.amqp.reconnect_max_ms.to_string()),
+        ("REDISCHED_LOG__LEVEL", "info".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// A bridge running inside the test process.
+pub struct InProcess {
+    pub shutdown: CancellationToken,
+    pub handle: tokio::task::JoinHandle<Result<(), redisched::app::AppError>>,
+}
+
+impl InProcess {
+    pub fn start(config: &Config) -> Self {
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(redisched::app::run(config.clone(), shutdown.clone()));
+        Self { shutdown, handle }
+    }
+
+    /// Graceful stop; returns how long it took.
+    pub async fn stop(self) -> Duration {
+        let started = Instant::now();
+        self.shutdown.cancel();
+        match tokio::time::timeout(Duration::from_secs(20), self.handle).await {
+            Ok(Ok(Ok(()))) => {}
+            other => panic!("bridge did not stop cleanly: {other:?}"),
+        }
+        started.elapsed()
+    }
+}
+
+/// A `redisched run` child process.
+pub struct ChildBridge {
+    pub child: Child,
+}
+
+impl ChildBridge {
+    pub fn start(config: &Config) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_redisched"))
+            .arg("run")
+            .envs(env_for(config))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redisched run");
+        Self { child }
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = Command::new("kill").args(["-9", &self.child.id().to_string()]).status();
+        let _ = self.child.wait();
+    }
+
+    pub fn terminate(&mut self) -> (std::process::ExitStatus, Duration) {
+        let started = Instant::now();
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let status = self.child.wait().expect("wait for bridge");
+        (status, started.elapsed())
+    }
+}
+
+impl Drop for ChildBridge {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+pub async fn connect() -> Connection {
+    match Connection::connect(&amqp_url(), ConnectionProperties::default()).await {
+        Ok(c) => c,
+        Err(e) => panic!("cannot reach RabbitMQ at {}: {e}\n{HOW_TO_START_RABBITMQ}", amqp_url()),
+    }
+}
+
+/// The producer's and consumer's side of the wire contract, plus cleanup of every
+/// name the test's config uses.
+pub struct Broker {
+    pub config: Config,
+    pub connection: Connection,
+    pub channel: Channel,
+}
+
+impl Broker {
+    /// Connects and declares the same topology the bridge does, so a test can publish
+    /// before the bridge is up.
+    pub async fn new(config: &Config) -> Self {
+        let connection = connect().await;
+        let channel = connection.create_channel().await.expect("channel");
+        channel.confirm_select(ConfirmSelectOptions::default()).await.expect("confirms");
+        redisched::amqp::declare_topology(&channel, &config.amqp).await.expect("declare topology");
+        Self {
+            config: config.clone(),
+            connection,
+            channel,
+        }
+    }
+
+    /// Publishes a command and waits for the broker's confirm.
+    pub async fn command(&self, topic: &str, props: BasicProperties, body: &[u8]) {
+        let confirm = self
+            .channel
+            .basic_publish(
+                self.config.amqp.commands_exchange.as_str().into(),
+                topic.into(),
+                BasicPublishOptions::default(),
+                body,
+                props,
+            )
+            .await
+            .expect("publish command")
+            .await
+            .expect("confirm");
+        assert!(confirm.is_ack(), "command not confirmed");
+    }
+
+    pub async fn put(&self, topic: &str, id: &str, body: &[u8], headers: &[(&str, AMQPValue)]) {
+        self.command(topic, props(id, headers), body).await;
+    }
+
+    /// A consumer of the ready exchange for `binding` (routing key pattern).
+    pub async fn consume_ready(&self, binding: &str) -> Receiver {
+        self.consume_exchange(&self.config.amqp.ready_exchange.clone(), binding).await
+    }
+
+    /// A consumer of the invalid queue the bridge declared.
+    pub async fn consume_invalid(&self) -> Receiver {
+        let queue = self.config.amqp.invalid_queue.clone();
+        self.consume_queue(&queue).await
+    }
+
+    pub async fn consume_exchange(&self, exchange: &str, binding: &str) -> Receiver {
+        let queue = unique("q");
+        let channel = self.connection.create_channel().await.expect("channel");
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare consumer queue");
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.into(),
+                binding.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind consumer queue");
+        self.consume_on(channel, &queue).await
+    }
+
+    pub async fn consume_queue(&self, queue: &str) -> Receiver {
+        let channel = self.connection.create_channel().await.expect("channel");
+        self.consume_on(channel, queue).await
+    }
+
+    async fn consume_on(&self, channel: Channel, queue: &str) -> Receiver {
+        let mut consumer = channel
+            .basic_consume(
+                queue.into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("consume");
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(Ok(delivery)) = consumer.next().await {
+                let _ = delivery.ack(BasicAckOptions::default()).await;
+                if tx.send((now_ms(), delivery)).is_err() {
+                    break;
+                }
+            }
+            drop(channel);
+        });
+        Receiver { rx }
+    }
+
+    /// Deletes every exchange and queue of the config, and its Redis keys.
+    pub async fn cleanup(self) {
+        let a = &self.config.amqp;
+        for queue in [&a.commands_queue, &a.invalid_queue] {
+            let _ = self
+                .channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
+        for exchange in [&a.commands_exchange, &a.invalid_exchange, &a.ready_exchange] {
+            let _ = self
+                .channel
+                .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+                .await;
+        }
+        let _ = self.connection.close(200, "bye".into()).await;
+        delete_prefix(&self.config.redis.prefix);
+    }
+
+    pub async fn declare_queue(&self, queue: &str) {
+        self.channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare queue");
+    }
+
+    pub fn exchange_kind() -> ExchangeKind {
+        ExchangeKind::Topic
+    }
+}
+
+pub struct Receiver {
+    rx: mpsc::UnboundedReceiver<(i64, Delivery)>,
+}
+
+impl Receiver {
+    /// The next delivery within `timeout`, with its arrival time (epoch ms).
+    pub async fn next(&mut self, timeout: Duration) -> Option<(i64, Delivery)> {
+        tokio::time::timeout(timeout, self.rx.recv()).await.ok().flatten()
+    }
+
+    /// Collects deliveries until `count` arrived or `timeout` passed.
+    pub async fn collect(&mut self, count: usize, timeout: Duration) -> Vec<(i64, Delivery)> {
+        let deadline = Instant::now() + timeout;
+        let mut got = Vec::new();
+        while got.len() < count {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.next(left).await {
+                Some(d) => got.push(d),
+                None => break,
+            }
+        }
+        got
+    }
+
+    /// Deliveries arriving within `window` (to prove that nothing more comes).
+    pub async fn drain(&mut self, window: Duration) -> Vec<(i64, Delivery)> {
+        let mut got = Vec::new();
+        while let Some(d) = self.next(window).await {
+            got.push(d);
+        }
+        got
+    }
+}
+
+pub fn props(id: &str, headers: &[(&str, AMQPValue)]) -> BasicProperties {
+    let mut table = FieldTable::default();
+    for (k, v) in headers {
+        table.insert((*k).into(), v.clone());
+    }
+    BasicProperties::default()
+        .with_message_id(id.into())
+        .with_headers(table)
+}
+
+pub fn text(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s))
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+pub fn header<'a>(delivery: &'a Delivery, name: &str) -> Option<&'a AMQPValue> {
+    delivery.properties.headers().as_ref()?.inner().get(name)
+}
+
+pub fn header_i64(delivery: &Delivery, name: &str) -> Option<i64> {
+    match header(delivery, name)? {
+        AMQPValue::LongLongInt(v) => Some(*v),
+        AMQPValue::LongInt(v) => Some(i64::from(*v)),
+        _ => None,
+    }
+}
+
+pub fn header_text(delivery: &Delivery, name: &str) -> Option<String> {
+    match header(delivery, name)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.to_string()),
+        _ => None,
+    }
+}
+
+pub fn message_id(delivery: &Delivery) -> String {
+    delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|s| s.to_string())
+        .unwrap_or_default()
+}
+
+/// Counts of each message id among deliveries.
+pub fn id_counts(deliveries: &[(i64, Delivery)]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for (_, d) in deliveries {
+        *counts.entry(message_id(d)).or_insert(0) += 1;
+    }
+    counts
+}
