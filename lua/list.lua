@@ -11,8 +11,9 @@ local limit, offset = tonumber(ARGV[1]), tonumber(ARGV[2] or '0')
 if #KEYS ~= 4 then
   return redis.error_reply('INVALID_ARGUMENT list takes 4 keys, got ' .. #KEYS)
 end
-if not limit or limit < 1 or limit > 1000 or not offset or offset < 0 then
-  return redis.error_reply('INVALID_ARGUMENT limit must be 1..1000 and offset >= 0')
+if not limit or limit ~= math.floor(limit) or limit < 1 or limit > 1000
+  or not offset or offset ~= math.floor(offset) or offset < 0 or offset > 1e12 then
+  return redis.error_reply('INVALID_ARGUMENT limit must be an integer 1..1000 and offset an integer >= 0')
 end
 local entries = redis.call('ZRANGE', scheduled, offset, offset + limit - 1, 'WITHSCORES')
 local reply = {}

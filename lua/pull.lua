@@ -15,8 +15,8 @@ local limit = tonumber(ARGV[1])
 if #KEYS ~= 4 then
   return redis.error_reply('INVALID_ARGUMENT pull takes 4 keys, got ' .. #KEYS)
 end
-if not limit or limit < 1 or limit > 1000 then
-  return redis.error_reply('INVALID_ARGUMENT limit must be 1..1000')
+if not limit or limit ~= math.floor(limit) or limit < 1 or limit > 1000 then
+  return redis.error_reply('INVALID_ARGUMENT limit must be an integer 1..1000')
 end
 
 local t = redis.call('TIME')

@@ -2,7 +2,7 @@
 
 KEYS: 1 scheduled ZSET, 2 reserved ZSET, 3 jobs HASH, 4 seq STRING (see put.lua)
 ARGV:
-  1 ttr_ms  the reservation lasts this long; after it, requeue.lua makes the job due again
+  1 ttr_ms  integer 1..10^12; the reservation lasts this long; after it, requeue.lua makes the job due again
   2 limit   1..1000 jobs at most
   3 max     optional epoch ms: take only jobs due at or before min(max, now)
 Reply: { now, next_due, jobs, corrupt }
@@ -21,8 +21,9 @@ local ttr, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 if #KEYS ~= 4 then
   return redis.error_reply('INVALID_ARGUMENT reserve takes 4 keys, got ' .. #KEYS)
 end
-if not ttr or ttr < 1 or not limit or limit < 1 or limit > 1000 then
-  return redis.error_reply('INVALID_ARGUMENT ttr_ms must be >= 1 and limit 1..1000')
+if not ttr or ttr ~= math.floor(ttr) or ttr < 1 or ttr > 1e12
+  or not limit or limit ~= math.floor(limit) or limit < 1 or limit > 1000 then
+  return redis.error_reply('INVALID_ARGUMENT ttr_ms must be an integer 1..10^12 and limit 1..1000')
 end
 
 local t = redis.call('TIME')
