@@ -410,3 +410,19 @@ mod tests {
         assert_eq!(redact_url("not a url"), "***");
     }
 }
+
+#[cfg(test)]
+mod shipped_file_tests {
+    use super::*;
+
+    /// `config/default.toml` documents every key with its default: it must load, and
+    /// say exactly what the built-in defaults say.
+    #[test]
+    fn shipped_default_file_matches_the_built_in_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/default.toml");
+        let from_file: Config = Figment::from(Toml::file_exact(&path))
+            .extract()
+            .expect("config/default.toml loads");
+        assert_eq!(from_file, Config::default());
+    }
+}

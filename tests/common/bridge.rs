@@ -134,9 +134,13 @@ impl Drop for ChildBridge {
 }
 
 pub async fn connect() -> Connection {
-    match Connection::connect(&amqp_url(), ConnectionProperties::default()).await {
+    connect_to(&amqp_url()).await
+}
+
+pub async fn connect_to(url: &str) -> Connection {
+    match Connection::connect(url, ConnectionProperties::default()).await {
         Ok(c) => c,
-        Err(e) => panic!("cannot reach RabbitMQ at {}: {e}\n{HOW_TO_START_RABBITMQ}", amqp_url()),
+        Err(e) => panic!("cannot reach RabbitMQ at {url}: {e}\n{HOW_TO_START_RABBITMQ}"),
     }
 }
 
@@ -152,7 +156,7 @@ impl Broker {
     /// Connects and declares the same topology the bridge does, so a test can publish
     /// before the bridge is up.
     pub async fn new(config: &Config) -> Self {
-        let connection = connect().await;
+        let connection = connect_to(&config.amqp.url).await;
         let channel = connection.create_channel().await.expect("channel");
         channel.confirm_select(ConfirmSelectOptions::default()).await.expect("confirms");
         redisched::amqp::declare_topology(&channel, &config.amqp).await.expect("declare topology");
