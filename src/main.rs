@@ -10,7 +10,10 @@ use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("error: cannot start the async runtime: {err}");
@@ -31,7 +34,10 @@ async fn async_main(cli: Cli) -> u8 {
         }
         Err(err) => {
             if cli.json {
-                println!("{}", serde_json::to_string_pretty(&err.to_json()).unwrap_or_default());
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&err.to_json()).unwrap_or_default()
+                );
             } else {
                 eprintln!("error: {err}");
             }
@@ -45,7 +51,7 @@ async fn run(cli: &Cli) -> u8 {
     let config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(err) => {
-            eprintln!("error: {err}");
+            eprintln!("error: {}", cli::describe_config_error(&err));
             return exit::USAGE;
         }
     };
@@ -77,7 +83,10 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
         let name = wait_for_signal().await;
         signals += 1;
         if signals == 1 {
-            tracing::info!(signal = name, "shutting down (send it again to exit at once)");
+            tracing::info!(
+                signal = name,
+                "shutting down (send it again to exit at once)"
+            );
             shutdown.cancel();
         } else {
             tracing::warn!(signal = name, "exiting at once");

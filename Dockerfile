@@ -1,0 +1,26 @@
+# Multi-stage build: compile in the Rust image, run in a slim Debian with only the binary.
+#   docker build -t redisched .
+#   docker run --rm redisched --help
+# docker-compose.yml runs it with the whole stack (Redis, RabbitMQ).
+
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked --bin redisched \
+    && cp target/release/redisched /usr/local/bin/redisched
+
+FROM debian:bookworm-slim
+# curl serves the container healthcheck (GET /readyz).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates curl \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --no-create-home redisched
+COPY --from=build /usr/local/bin/redisched /usr/local/bin/redisched
+USER redisched
+# The admin API listens on 127.0.0.1:7171 unless REDISCHED_HTTP__LISTEN says otherwise;
+# a non-loopback address also needs REDISCHED_HTTP__TOKEN (see docker-compose.yml).
+EXPOSE 7171
+HEALTHCHECK --interval=10s --timeout=3s --start-period=10s \
+    CMD curl -fsS http://127.0.0.1:7171/healthz || exit 1
+ENTRYPOINT ["redisched"]
+CMD ["run"]

@@ -1,0 +1,554 @@
+//! The command line: `redisched run` (the bridge) and the operator commands, which work
+//! straight on Redis through the same Lua scripts as the bridge (via [`Store`]).
+//!
+//! Output is for people by default and JSON with `--json`; the exit code says what
+//! happened (see [`exit`]).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde_json::{json, Value};
+
+use crate::config::{Config, ConfigError};
+use crate::job::{Due, JobId, PutMode, Topic};
+use crate::store::{PutRequest, Rejection, Store, StoreError, MAX_BATCH};
+
+/// Exit codes of every command.
+pub mod exit {
+    pub const OK: u8 = 0;
+    /// `get` or `delete` of a job that does not exist.
+    pub const NOT_FOUND: u8 = 1;
+    /// Bad arguments or a bad configuration value.
+    pub const USAGE: u8 = 2;
+    /// Redis could not be reached (or timed out).
+    pub const UNAVAILABLE: u8 = 3;
+    /// The store refused the request (body too large, delay too long, …).
+    pub const REFUSED: u8 = 4;
+    /// Anything else: an unexpected reply, or the bridge stopped with an error.
+    pub const FAILED: u8 = 5;
+}
+
+const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  ok
+  1  not found (get/delete of a job that does not exist)
+  2  usage or configuration error (the message names the bad key)
+  3  Redis unreachable
+  4  refused by the store (e.g. body too large, delay too long)
+  5  unexpected failure
+
+Configuration: built-in defaults < --config FILE (TOML) < REDISCHED_* environment
+variables, with `__` between levels (REDISCHED_REDIS__URL, REDISCHED_DISPATCH__TTR_MS, …).
+See `redisched check-config`.";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "redisched",
+    version,
+    about = "Schedule jobs for later delivery with ids you choose; cancel or replace them by id.",
+    long_about = "Schedule jobs for later delivery with ids you choose; cancel or replace them by id.\n\n\
+        `redisched run` runs the RabbitMQ bridge and the HTTP admin API. The other commands \
+        work straight on Redis, through the same Lua scripts as the bridge.",
+    after_help = EXIT_CODES_HELP
+)]
+pub struct Cli {
+    /// TOML config file, merged over the built-in defaults (REDISCHED_* env vars win over it)
+    #[arg(long, short = 'c', global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print JSON (results on stdout, errors as {"error": ...}) instead of text
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the bridge: consume commands from RabbitMQ, publish due jobs, serve HTTP
+    Run,
+    /// Schedule a job (keeps an existing job with the same id unless --replace)
+    #[command(after_help = "Examples:\n  \
+        redisched put emails welcome-42 '{\"to\":\"ann\"}' --delay 3d\n  \
+        redisched put emails welcome-42 --body-file mail.json --at 2030-01-01T09:00:00Z --replace\n  \
+        echo hello | redisched put emails hello-1 - --delay 250ms")]
+    Put(PutArgs),
+    /// Cancel a job by id, wherever it is (exit 1 if there was none)
+    Delete(JobRef),
+    /// Show one job: state, due time, attempts, body (exit 1 if there is none)
+    Get(JobRef),
+    /// List the next scheduled jobs of a topic, earliest first
+    List {
+        topic: Topic,
+        /// How many jobs to show (1..=1000)
+        #[arg(long, short = 'n', default_value_t = 20)]
+        limit: usize,
+        /// Skip this many jobs first
+        #[arg(long, default_value_t = 0)]
+        offset: usize,
+    },
+    /// Count jobs per topic: scheduled, due now, reserved (all topics when none is given)
+    Stats { topic: Option<Topic> },
+    /// Print the merged configuration with secrets redacted; fail naming a bad key
+    CheckConfig {
+        /// Output format (--json implies json)
+        #[arg(long, value_enum, default_value_t = ConfigFormat::Toml)]
+        format: ConfigFormat,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ConfigFormat {
+    Toml,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct JobRef {
+    pub topic: Topic,
+    pub id: JobId,
+}
+
+#[derive(Debug, Args)]
+pub struct PutArgs {
+    pub topic: Topic,
+    pub id: JobId,
+    /// Job body; `-` reads it from stdin; empty when omitted
+    #[arg(conflicts_with = "body_file")]
+    pub body: Option<String>,
+    /// Read the body from this file (`-` for stdin)
+    #[arg(long, value_name = "FILE")]
+    pub body_file: Option<PathBuf>,
+    /// Due after this delay: 250ms, 90s, 15m, 3d, "1h 30m"
+    #[arg(long, value_parser = parse_delay, conflicts_with = "at")]
+    pub delay: Option<Duration>,
+    /// Due at this time, RFC 3339 (2030-01-01T09:00:00Z; no zone means UTC)
+    #[arg(long, value_parser = parse_at, value_name = "TIME")]
+    pub at: Option<i64>,
+    /// Overwrite an existing job with this id (body and due time)
+    #[arg(long)]
+    pub replace: bool,
+}
+
+fn parse_delay(raw: &str) -> Result<Duration, String> {
+    humantime::parse_duration(raw).map_err(|e| format!("{e} (examples: 250ms, 90s, 3d)"))
+}
+
+fn parse_at(raw: &str) -> Result<i64, String> {
+    let time = humantime::parse_rfc3339_weak(raw)
+        .map_err(|e| format!("{e} (expected RFC 3339, e.g. 2030-01-01T09:00:00Z)"))?;
+    Ok(epoch_ms(time))
+}
+
+fn epoch_ms(time: SystemTime) -> i64 {
+    match time.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
+    }
+}
+
+/// Why a command failed; each kind has its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{}", describe_config_error(.0))]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("refused by the store: {0}")]
+    Refused(Rejection),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Usage(_) | CliError::Config(_) => exit::USAGE,
+            CliError::NotFound(_) => exit::NOT_FOUND,
+            CliError::Unavailable(_) => exit::UNAVAILABLE,
+            CliError::Refused(_) => exit::REFUSED,
+            CliError::Failed(_) => exit::FAILED,
+        }
+    }
+
+    /// The error as `--json` prints it.
+    pub fn to_json(&self) -> Value {
+        let kind = match self {
+            CliError::Usage(_) => "usage",
+            CliError::Config(_) => "config",
+            CliError::NotFound(_) => "not_found",
+            CliError::Unavailable(_) => "unavailable",
+            CliError::Refused(_) => "refused",
+            CliError::Failed(_) => "failed",
+        };
+        let mut value = json!({ "error": self.to_string(), "kind": kind });
+        match self {
+            CliError::Config(err) => {
+                if let Some(key) = config_key(err) {
+                    value["key"] = json!(key);
+                }
+            }
+            CliError::Refused(rejection) => value["code"] = json!(rejection.code.as_str()),
+            _ => {}
+        }
+        value
+    }
+}
+
+/// The dotted config key an error is about, when it is known.
+pub fn config_key(err: &ConfigError) -> Option<String> {
+    match err {
+        ConfigError::Invalid { key, .. } => Some((*key).to_string()),
+        ConfigError::Load(err) => Some(err.path.join(".")).filter(|k| !k.is_empty()),
+    }
+}
+
+/// A config error that always names its key as `config key `a.b`: …`, also for values
+/// of the wrong type (figment itself quotes the key as the env var spelled it).
+pub fn describe_config_error(err: &ConfigError) -> String {
+    match (err, config_key(err)) {
+        (ConfigError::Load(inner), Some(key)) => format!("config key `{key}`: {inner}"),
+        _ => err.to_string(),
+    }
+}
+
+impl From<StoreError> for CliError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::Unavailable(_) => CliError::Unavailable(err.to_string()),
+            StoreError::Rejected(rejection) => CliError::Refused(rejection),
+            StoreError::BadReply { .. } => CliError::Failed(err.to_string()),
+        }
+    }
+}
+
+/// What a successful command prints.
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub json: Value,
+    pub human: String,
+}
+
+impl Output {
+    pub fn render(&self, as_json: bool) -> String {
+        if as_json {
+            // Serializing a `Value` cannot fail.
+            serde_json::to_string_pretty(&self.json).unwrap_or_default()
+        } else {
+            self.human.clone()
+        }
+    }
+}
+
+/// Runs an operator command (everything but `run`).
+pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
+    if let Command::CheckConfig { format } = &cli.command {
+        return check_config(
+            cli.config.as_deref(),
+            cli.json || *format == ConfigFormat::Json,
+        );
+    }
+    let config = Config::load(cli.config.as_deref())?;
+    match &cli.command {
+        Command::Run | Command::CheckConfig { .. } => Err(CliError::Usage(
+            "`run` is handled by the binary's main, not by cli::execute".into(),
+        )),
+        Command::Put(args) => {
+            let body = read_body(args)?;
+            let store = connect(&config).await?;
+            put(&store, args, body).await
+        }
+        Command::Delete(job) => delete(&connect(&config).await?, job).await,
+        Command::Get(job) => get(&connect(&config).await?, job).await,
+        Command::List {
+            topic,
+            limit,
+            offset,
+        } => list(&connect(&config).await?, topic, *limit, *offset).await,
+        Command::Stats { topic } => stats(&connect(&config).await?, topic.as_ref()).await,
+    }
+}
+
+async fn connect(config: &Config) -> Result<Store, CliError> {
+    Store::connect(&config.connect_options(), config.limits())
+        .await
+        .map_err(|err| match err {
+            StoreError::Unavailable(e) => CliError::Unavailable(format!(
+                "cannot reach Redis at {}: {e}",
+                crate::config::redact_url(&config.redis.url)
+            )),
+            other => other.into(),
+        })
+}
+
+fn check_config(file: Option<&Path>, as_json: bool) -> Result<Output, CliError> {
+    let config = Config::load(file)?.redacted();
+    let json = serde_json::to_value(&config).map_err(|e| CliError::Failed(e.to_string()))?;
+    let human = if as_json {
+        serde_json::to_string_pretty(&json).map_err(|e| CliError::Failed(e.to_string()))?
+    } else {
+        toml::to_string_pretty(&config).map_err(|e| CliError::Failed(e.to_string()))?
+    };
+    Ok(Output { json, human })
+}
+
+fn read_body(args: &PutArgs) -> Result<Vec<u8>, CliError> {
+    let read_stdin = || {
+        let mut body = Vec::new();
+        std::io::stdin()
+            .lock()
+            .read_to_end(&mut body)
+            .map_err(|e| CliError::Usage(format!("cannot read the body from stdin: {e}")))?;
+        Ok(body)
+    };
+    match (&args.body, &args.body_file) {
+        (Some(body), _) if body == "-" => read_stdin(),
+        (Some(body), _) => Ok(body.clone().into_bytes()),
+        (None, Some(path)) if path.as_os_str() == "-" => read_stdin(),
+        (None, Some(path)) => std::fs::read(path).map_err(|e| {
+            CliError::Usage(format!("cannot read --body-file {}: {e}", path.display()))
+        }),
+        (None, None) => Ok(Vec::new()),
+    }
+}
+
+async fn put(store: &Store, args: &PutArgs, body: Vec<u8>) -> Result<Output, CliError> {
+    let due = match (args.delay, args.at) {
+        (Some(delay), _) => Due::Delay(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
+        (None, Some(at)) => Due::At(at),
+        (None, None) => Due::NOW,
+    };
+    let mode = if args.replace {
+        PutMode::Replace
+    } else {
+        PutMode::Keep
+    };
+    let size = body.len();
+    let outcome = store
+        .put(PutRequest {
+            topic: args.topic.clone(),
+            id: args.id.clone(),
+            body,
+            meta: Vec::new(),
+            due,
+            mode,
+        })
+        .await?;
+    let now = store.server_time().await?;
+    let json = json!({
+        "topic": args.topic,
+        "id": args.id,
+        "status": outcome.status,
+        "due_at": outcome.due_at,
+        "due_at_rfc3339": rfc3339(outcome.due_at),
+        "body_bytes": size,
+    });
+    let human = format!(
+        "{} {}/{} due {} ({})",
+        outcome.status.as_str(),
+        args.topic,
+        args.id,
+        rfc3339(outcome.due_at),
+        relative(outcome.due_at, now)
+    );
+    Ok(Output { json, human })
+}
+
+async fn delete(store: &Store, job: &JobRef) -> Result<Output, CliError> {
+    if store.delete(&job.topic, &job.id).await? {
+        Ok(Output {
+            json: json!({ "topic": job.topic, "id": job.id, "deleted": true }),
+            human: format!("deleted {}/{}", job.topic, job.id),
+        })
+    } else {
+        Err(CliError::NotFound(format!(
+            "no job {} in topic {}",
+            job.id, job.topic
+        )))
+    }
+}
+
+async fn get(store: &Store, job: &JobRef) -> Result<Output, CliError> {
+    let info = store
+        .get(&job.topic, &job.id)
+        .await?
+        .ok_or_else(|| CliError::NotFound(format!("no job {} in topic {}", job.id, job.topic)))?;
+    let now = store.server_time().await?;
+    let json = crate::http::job_json(&job.topic, job.id.as_str(), &info);
+    let mut human = format!(
+        "topic     {}\nid        {}\nstate     {}\ndue at    {} ({})\nattempts  {}\n",
+        job.topic,
+        job.id,
+        json["state"].as_str().unwrap_or("?"),
+        rfc3339(info.due_at),
+        relative(info.due_at, now),
+        info.attempts,
+    );
+    if let Some(deadline) = info.deadline {
+        human.push_str(&format!(
+            "deadline  {} ({})\n",
+            rfc3339(deadline),
+            relative(deadline, now)
+        ));
+    }
+    match std::str::from_utf8(&info.body) {
+        Ok(text) => human.push_str(&format!("body      ({} bytes)\n{text}", info.body.len())),
+        Err(_) => human.push_str(&format!(
+            "body      ({} bytes, not UTF-8, base64)\n{}",
+            info.body.len(),
+            json["body"].as_str().unwrap_or("")
+        )),
+    }
+    Ok(Output {
+        json,
+        human: human.trim_end().to_string(),
+    })
+}
+
+async fn list(
+    store: &Store,
+    topic: &Topic,
+    limit: usize,
+    offset: usize,
+) -> Result<Output, CliError> {
+    if !(1..=MAX_BATCH).contains(&limit) {
+        return Err(CliError::Usage(format!(
+            "--limit must be 1..={MAX_BATCH}, got {limit}"
+        )));
+    }
+    let jobs = store.list(topic, limit, offset).await?;
+    let now = store.server_time().await?;
+    let json = json!({
+        "topic": topic,
+        "jobs": jobs
+            .iter()
+            .map(|(id, due_at)| json!({ "id": id, "due_at": due_at, "due_at_rfc3339": rfc3339(*due_at) }))
+            .collect::<Vec<_>>(),
+    });
+    let human = if jobs.is_empty() {
+        format!("no scheduled jobs in topic {topic}")
+    } else {
+        let width = jobs
+            .iter()
+            .map(|(id, _)| id.len())
+            .max()
+            .unwrap_or(2)
+            .max(2);
+        let mut out = format!("{:<width$}  {:<24}  IN\n", "ID", "DUE AT");
+        for (id, due_at) in &jobs {
+            out.push_str(&format!(
+                "{id:<width$}  {:<24}  {}\n",
+                rfc3339(*due_at),
+                relative(*due_at, now)
+            ));
+        }
+        out.trim_end().to_string()
+    };
+    Ok(Output { json, human })
+}
+
+async fn stats(store: &Store, topic: Option<&Topic>) -> Result<Output, CliError> {
+    let topics = match topic {
+        Some(topic) => vec![topic.clone()],
+        None => store.topics().await?,
+    };
+    let mut rows = Vec::with_capacity(topics.len());
+    for topic in topics {
+        let stats = store.stats(&topic).await?;
+        rows.push((topic, stats));
+    }
+    let json = json!({
+        "topics": rows
+            .iter()
+            .map(|(topic, s)| json!({
+                "topic": topic,
+                "scheduled": s.scheduled,
+                "due_now": s.due_now,
+                "reserved": s.reserved,
+                "expired": s.expired,
+                "records": s.records,
+            }))
+            .collect::<Vec<_>>(),
+    });
+    let human = if rows.is_empty() {
+        "no topics yet".to_string()
+    } else {
+        let width = rows
+            .iter()
+            .map(|(t, _)| t.as_str().len())
+            .max()
+            .unwrap_or(5)
+            .max(5);
+        let mut out = format!(
+            "{:<width$}  {:>10}  {:>10}  {:>10}\n",
+            "TOPIC", "SCHEDULED", "DUE NOW", "RESERVED"
+        );
+        for (topic, s) in &rows {
+            out.push_str(&format!(
+                "{:<width$}  {:>10}  {:>10}  {:>10}\n",
+                topic.as_str(),
+                s.scheduled,
+                s.due_now,
+                s.reserved
+            ));
+        }
+        out.trim_end().to_string()
+    };
+    Ok(Output { json, human })
+}
+
+/// Epoch ms as RFC 3339 UTC with milliseconds.
+pub fn rfc3339(ms: i64) -> String {
+    let time = if ms >= 0 {
+        UNIX_EPOCH.checked_add(Duration::from_millis(ms.unsigned_abs()))
+    } else {
+        UNIX_EPOCH.checked_sub(Duration::from_millis(ms.unsigned_abs()))
+    };
+    match time {
+        Some(time) => humantime::format_rfc3339_millis(time).to_string(),
+        None => ms.to_string(),
+    }
+}
+
+/// `in 3days 2h`, `12s ago`, `now`: seconds precision is enough for people.
+fn relative(at: i64, now: i64) -> String {
+    let diff = at - now;
+    let rounded = Duration::from_secs(diff.unsigned_abs() / 1000);
+    if rounded.is_zero() {
+        "now".into()
+    } else if diff > 0 {
+        format!("in {}", humantime::format_duration(rounded))
+    } else {
+        format!("{} ago", humantime::format_duration(rounded))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn delays_and_times_parse() {
+        assert_eq!(parse_delay("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_delay("3d"), Ok(Duration::from_secs(3 * 86_400)));
+        assert!(parse_delay("soon").is_err());
+        assert_eq!(parse_at("1970-01-01T00:00:01Z"), Ok(1000));
+        assert_eq!(parse_at("2001-09-09T01:46:40"), Ok(1_000_000_000_000));
+        assert!(parse_at("tomorrow").is_err());
+        assert_eq!(rfc3339(1000), "1970-01-01T00:00:01.000Z");
+        assert_eq!(relative(10_500, 0), "in 10s");
+        assert_eq!(relative(0, 61_000), "1m 1s ago");
+        assert_eq!(relative(400, 0), "now");
+    }
+}

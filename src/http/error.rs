@@ -1,0 +1,97 @@
+//! JSON errors: `{"error": "<message>"}` (plus a machine-readable `code` where one
+//! exists) with the status that fits.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::store::{RejectCode, StoreError};
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            code: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message)
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, message)
+    }
+
+    pub fn too_large(limit: usize) -> Self {
+        Self {
+            code: Some(RejectCode::BodyTooLarge.as_str()),
+            ..Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("body is larger than limits.max_body_bytes ({limit} bytes)"),
+            )
+        }
+    }
+
+    /// The outcome label for `redisched_commands` and the event feed.
+    pub fn outcome(&self) -> &'static str {
+        match self.status {
+            StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+            StatusCode::INTERNAL_SERVER_ERROR => "error",
+            _ => "invalid",
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        match &err {
+            StoreError::Unavailable(_) => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
+            }
+            StoreError::Rejected(rejection) => {
+                let status = match rejection.code {
+                    RejectCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+                    _ => StatusCode::UNPROCESSABLE_ENTITY,
+                };
+                Self {
+                    code: Some(rejection.code.as_str()),
+                    ..Self::new(status, format!("refused by the store: {rejection}"))
+                }
+            }
+            StoreError::BadReply { .. } => {
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string())
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = match self.code {
+            Some(code) => json!({ "error": self.message, "code": code }),
+            None => json!({ "error": self.message }),
+        };
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"redisched\""),
+            );
+        }
+        response
+    }
+}

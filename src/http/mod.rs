@@ -1,0 +1,149 @@
+//! The HTTP admin API, off the hot path: health and readiness, Prometheus metrics, a
+//! REST API over the store, the original project's `/schedule` and `/cancel`
+//! endpoints, live events as server-sent events, and the web dashboard at `/`.
+//!
+//! Every mutation goes through [`Store`] (the same Lua scripts as the bridge), sends a
+//! [`Event::Command`] to the feed and counts `redisched_commands{op,outcome}`.
+//! Mutating endpoints require `Authorization: Bearer <http.token>` when a token is set.
+
+mod api;
+mod error;
+mod ops;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use base64::Engine as _;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::feed::Feed;
+use crate::job::{JobInfo, JobState, Topic};
+use crate::metrics::Metrics;
+use crate::store::Store;
+
+pub use error::ApiError;
+
+/// How long [`serve`] waits for open requests after shutdown was asked for.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+const DASHBOARD_HTML: &str = include_str!("dashboard.html");
+const OPENAPI_JSON: &str = include_str!("openapi.json");
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub metrics: Arc<Metrics>,
+    pub feed: Feed,
+    pub config: Arc<Config>,
+}
+
+/// Ends long-lived responses (the event stream) when the server shuts down.
+#[derive(Clone)]
+struct Shutdown(CancellationToken);
+
+/// All routes, with `state` attached.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/", get(dashboard))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .route("/v1/openapi.json", get(openapi))
+        .route("/v1/events", get(ops::events))
+        .route("/v1/topics", get(api::topics))
+        .route("/v1/topics/{topic}/jobs", get(api::list_jobs))
+        .route(
+            "/v1/topics/{topic}/jobs/{id}",
+            get(api::get_job).put(api::put_job).delete(api::delete_job),
+        )
+        .route("/schedule/{topic}", post(api::compat_schedule))
+        .route("/cancel/{topic}", post(api::compat_cancel))
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .with_state(state)
+}
+
+/// Serves [`router`] on `listener` until `shutdown` is cancelled, then lets open
+/// requests finish for up to [`SHUTDOWN_GRACE`].
+pub async fn serve(
+    state: AppState,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "http admin api listening");
+    }
+    let app = router(state).layer(Extension(Shutdown(shutdown.clone())));
+    let server =
+        axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    tokio::select! {
+        result = server => result,
+        _ = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::warn!("http admin api: open requests cut off after the shutdown grace");
+            Ok(())
+        }
+    }
+}
+
+async fn dashboard() -> Response {
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        DASHBOARD_HTML,
+    )
+        .into_response()
+}
+
+async fn openapi() -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        OPENAPI_JSON,
+    )
+        .into_response()
+}
+
+/// One job as the API and `redisched get --json` show it. The body is UTF-8 text when
+/// it is valid UTF-8 (`"encoding": "utf-8"`), base64 otherwise (`"encoding": "base64"`).
+pub fn job_json(topic: &Topic, id: &str, info: &JobInfo) -> Value {
+    let state = match info.state {
+        JobState::Scheduled => "scheduled",
+        JobState::Reserved => "reserved",
+        JobState::Unindexed => "unindexed",
+    };
+    let (body, encoding) = match std::str::from_utf8(&info.body) {
+        Ok(text) => (text.to_string(), "utf-8"),
+        Err(_) => (
+            base64::engine::general_purpose::STANDARD.encode(&info.body),
+            "base64",
+        ),
+    };
+    json!({
+        "topic": topic,
+        "id": id,
+        "state": state,
+        "due_at": info.due_at,
+        "due_at_rfc3339": crate::cli::rfc3339(info.due_at),
+        "attempts": info.attempts,
+        "deadline": info.deadline,
+        "body": body,
+        "encoding": encoding,
+        "body_bytes": info.body.len(),
+    })
+}
