@@ -3,6 +3,8 @@
 //! The filter comes from `log.level` in the config; a non-empty `RUST_LOG` overrides it
 //! (handy for a one-off `RUST_LOG=redisched=debug redisched run`).
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
@@ -37,7 +39,11 @@ pub fn init(log: &LogConfig) -> Result<(), TelemetryError> {
     let registry = tracing_subscriber::registry().with(filter);
     let result = match log.format.as_str() {
         "human" => registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(std::io::stderr().is_terminal())
+                    .with_writer(std::io::stderr),
+            )
             .try_init(),
         "json" => registry
             .with(
