@@ -1,0 +1,647 @@
+//! `redisched-bench`: measurements against the live Redis, each beside a ceiling
+//! measured in the same run (absolute numbers on shared machines drift; ratios less).
+//!
+//! ```text
+//! cargo run --release --bin redisched-bench -- store            # 1,000,000 jobs
+//! cargo run --release --bin redisched-bench -- store --quick    # 20,000 jobs, < 30 s
+//! cargo run --release --bin redisched-bench -- store --scale    # also 10,000,000 waiting
+//! ```
+//!
+//! Everything lives under a unique key prefix that is deleted at the end (also after a
+//! failure); the prefix is printed first so an interrupted run can be cleaned by hand.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use futures_util::{stream, StreamExt};
+use redis::aio::MultiplexedConnection;
+use redisched::job::{Due, JobId, PutMode, Topic};
+use redisched::store::{ConnectOptions, Lease, Limits, Op, PutRequest, Store, MAX_BATCH};
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+#[command(
+    name = "redisched-bench",
+    about = "Measure redisched against the live Redis"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The job store: bytes per job, put and reserve+release throughput, cost at scale,
+    /// each beside the raw Redis ceiling.
+    Store(StoreArgs),
+}
+
+#[derive(Args, Clone)]
+struct StoreArgs {
+    /// Jobs kept waiting for the memory and scale measurements.
+    #[arg(long, default_value_t = 1_000_000)]
+    jobs: u64,
+    /// Small run for CI: 20,000 jobs (overrides --jobs), finishes in well under 30 s.
+    #[arg(long)]
+    quick: bool,
+    /// Also measure with 10,000,000 jobs waiting (about 2 GB of Redis memory).
+    #[arg(long)]
+    scale: bool,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "artifacts/bench-store.json")]
+    out: PathBuf,
+    #[arg(
+        long,
+        env = "REDISCHED_REDIS__URL",
+        default_value = "redis://127.0.0.1:6379/0"
+    )]
+    redis_url: String,
+    /// Body size in bytes of every job.
+    #[arg(long, default_value_t = 100)]
+    body_bytes: usize,
+    /// Store::apply batches (pipelines) in flight at once.
+    #[arg(long, default_value_t = 4)]
+    in_flight: usize,
+}
+
+/// Ids are exactly this long ("job-" and 16 digits), as the issue asks.
+const ID_BYTES: usize = 20;
+const PUT_BATCH: usize = 1000;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Store(args) => store_bench(args).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("redisched-bench: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn job_id(kind: &str, n: u64) -> Result<JobId> {
+    let id = format!("{kind}-{n:016}");
+    debug_assert_eq!(id.len(), ID_BYTES);
+    JobId::new(id).context("job id")
+}
+
+fn progress(label: &str, done: u64, total: u64, started: Instant) {
+    let rate = done as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    eprint!(
+        "\r  {label}: {done}/{total} ({:.0}%, {rate:.0}/s)   ",
+        100.0 * done as f64 / total.max(1) as f64
+    );
+    let _ = std::io::stderr().flush();
+}
+
+struct Bench {
+    store: Store,
+    /// Our own connection for raw commands (INFO, MEMORY USAGE, the ceiling script).
+    conn: MultiplexedConnection,
+    body: Vec<u8>,
+    in_flight: usize,
+}
+
+impl Bench {
+    /// Puts ids `from..to` of `kind` into `topic` through `Store::apply`, `PUT_BATCH` per
+    /// pipeline and `in_flight` pipelines at once. Returns the elapsed time.
+    async fn put_range(
+        &self,
+        topic: &Topic,
+        kind: &str,
+        from: u64,
+        to: u64,
+        due: impl Fn(u64) -> Due,
+    ) -> Result<Duration> {
+        let mut batches = Vec::new();
+        let mut start = from;
+        while start < to {
+            let end = (start + PUT_BATCH as u64).min(to);
+            let mut ops = Vec::with_capacity((end - start) as usize);
+            for n in start..end {
+                ops.push(Op::Put(PutRequest {
+                    topic: topic.clone(),
+                    id: job_id(kind, n)?,
+                    body: self.body.clone(),
+                    meta: Vec::new(),
+                    due: due(n),
+                    mode: PutMode::Keep,
+                }));
+            }
+            batches.push(ops);
+            start = end;
+        }
+        let total = to - from;
+        let started = Instant::now();
+        let mut done = 0u64;
+        let mut results = stream::iter(batches.iter().map(|ops| self.store.apply(ops)))
+            .buffer_unordered(self.in_flight);
+        let mut last = Instant::now();
+        while let Some(result) = results.next().await {
+            let applied = result.context("put batch")?;
+            if let Some(err) = applied.iter().find_map(|r| r.as_ref().err()) {
+                bail!("a put was refused: {err}");
+            }
+            done += applied.len() as u64;
+            if total >= 50_000 && last.elapsed() > Duration::from_millis(500) {
+                progress(&format!("put {topic}"), done, total, started);
+                last = Instant::now();
+            }
+        }
+        let elapsed = started.elapsed();
+        if total >= 50_000 {
+            progress(&format!("put {topic}"), done, total, started);
+            eprintln!();
+        }
+        Ok(elapsed)
+    }
+
+    /// Reserves every due job of `topic` (batches of 1000), then releases them.
+    /// Returns (jobs, reserve time, release time).
+    async fn reserve_then_release(&self, topic: &Topic) -> Result<(u64, Duration, Duration)> {
+        let mut leases = Vec::new();
+        let started = Instant::now();
+        loop {
+            let batch = self
+                .store
+                .reserve(topic, Duration::from_secs(600), MAX_BATCH)
+                .await?;
+            if batch.jobs.is_empty() {
+                break;
+            }
+            leases.extend(batch.jobs.into_iter().map(|job| Lease {
+                topic: topic.clone(),
+                id: job.id,
+                token: job.token,
+            }));
+        }
+        let reserve = started.elapsed();
+        let started = Instant::now();
+        let mut released = 0;
+        let mut results = stream::iter(
+            leases
+                .chunks(MAX_BATCH)
+                .map(|chunk| self.store.release(chunk)),
+        )
+        .buffer_unordered(self.in_flight);
+        while let Some(result) = results.next().await {
+            released += result?;
+        }
+        if released != leases.len() as u64 {
+            bail!("released {released} of {} reserved jobs", leases.len());
+        }
+        Ok((released, reserve, started.elapsed()))
+    }
+
+    /// The bridge's loop, `workers` at once: reserve up to 1000, release them, repeat
+    /// until the topic has nothing due. Returns (jobs, elapsed).
+    async fn drain(&self, topic: &Topic, workers: usize, total: u64) -> Result<(u64, Duration)> {
+        let started = Instant::now();
+        let moved_total = std::sync::atomic::AtomicU64::new(0);
+        let worker = |_| async {
+            let mut moved = 0u64;
+            loop {
+                let batch = self
+                    .store
+                    .reserve(topic, Duration::from_secs(600), MAX_BATCH)
+                    .await?;
+                if batch.jobs.is_empty() {
+                    return Ok::<u64, anyhow::Error>(moved);
+                }
+                let leases: Vec<Lease> = batch
+                    .jobs
+                    .into_iter()
+                    .map(|job| Lease {
+                        topic: topic.clone(),
+                        id: job.id,
+                        token: job.token,
+                    })
+                    .collect();
+                let released = self.store.release(&leases).await?;
+                moved += released;
+                let before = moved_total.fetch_add(released, std::sync::atomic::Ordering::Relaxed);
+                if total >= 50_000 && (before + released) / 20_000 != before / 20_000 {
+                    progress("reserve+release", before + released, total, started);
+                }
+            }
+        };
+        let counts = futures_util::future::try_join_all((0..workers).map(worker)).await?;
+        if total >= 50_000 {
+            eprintln!();
+        }
+        Ok((counts.iter().sum(), started.elapsed()))
+    }
+
+    async fn used_memory(&self) -> Result<i64> {
+        // Wait for lazy frees (UNLINK) to finish so they do not blur the figure.
+        for _ in 0..600 {
+            let info: String = redis::cmd("INFO")
+                .arg("memory")
+                .query_async(&mut self.conn.clone())
+                .await?;
+            let field = |name: &str| -> Option<i64> {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name}:")))
+                    .and_then(|v| v.trim().parse().ok())
+            };
+            if field("lazyfree_pending_objects").unwrap_or(0) == 0 {
+                return field("used_memory").context("INFO memory has no used_memory");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!("lazy frees did not finish within 60 s")
+    }
+
+    async fn memory_usage(&self, key: &str) -> Result<i64> {
+        let bytes: Option<i64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(key)
+            .arg("SAMPLES")
+            .arg(0)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(bytes.unwrap_or(0))
+    }
+
+    async fn unlink_prefix(&self, prefix: &str) -> Result<u64> {
+        let mut conn = self.conn.clone();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}:*"))
+            .query_async(&mut conn)
+            .await?;
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let n: u64 = redis::cmd("UNLINK")
+            .arg(&keys)
+            .query_async(&mut conn)
+            .await?;
+        Ok(n)
+    }
+}
+
+/// The raw ceiling of one script call: `redis-benchmark -q -n 200000 -P 50 EVAL "return 1" 0`.
+fn redis_benchmark(url: &url::Url, requests: u64) -> Result<(String, f64)> {
+    let host = url.host_str().unwrap_or("127.0.0.1").to_string();
+    let port = url.port().unwrap_or(6379).to_string();
+    let n = requests.to_string();
+    let args = [
+        "-h", &host, "-p", &port, "-q", "-n", &n, "-P", "50", "EVAL", "return 1", "0",
+    ];
+    let command = format!(
+        "redis-benchmark {}",
+        args.map(|a| if a.contains(' ') {
+            format!("\"{a}\"")
+        } else {
+            a.to_string()
+        })
+        .join(" ")
+    );
+    let output = std::process::Command::new("redis-benchmark")
+        .args(args)
+        .output()
+        .context("running redis-benchmark (Debian package redis-tools)")?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let rate = text
+        .split(['\r', '\n'])
+        .filter_map(|segment| segment.split_once(": ").map(|(_, rest)| rest))
+        .filter_map(|rest| rest.split_once(" requests per second"))
+        .filter_map(|(number, _)| number.trim().parse::<f64>().ok())
+        .next_back()
+        .with_context(|| format!("no 'requests per second' in redis-benchmark output: {text}"))?;
+    Ok((command, rate))
+}
+
+/// A minimal "schedule" script, ZADD + HSET, pipelined from Rust exactly like puts:
+/// what any scheduler on Redis must at least do per job.
+async fn zadd_hset_ceiling(bench: &Bench, prefix: &str, jobs: u64) -> Result<f64> {
+    let script = redis::Script::new(
+        "redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1]) redis.call('HSET', KEYS[2], ARGV[1], ARGV[3]) return 1",
+    );
+    let zset = format!("{prefix}:{{ceiling}}:z");
+    let hash = format!("{prefix}:{{ceiling}}:h");
+    let mut conn = bench.conn.clone();
+    let _: String = script.prepare_invoke().load_async(&mut conn).await?;
+    let due_base = 4_000_000_000_000u64;
+    let mut pipes = Vec::new();
+    let mut start = 0;
+    while start < jobs {
+        let end = (start + PUT_BATCH as u64).min(jobs);
+        let mut pipe = redis::pipe();
+        for n in start..end {
+            let id = format!("job-{n:016}");
+            pipe.invoke_script(
+                script
+                    .key(&zset)
+                    .key(&hash)
+                    .arg(id)
+                    .arg(due_base + n)
+                    .arg(&bench.body[..]),
+            );
+        }
+        pipes.push(pipe);
+        start = end;
+    }
+    let started = Instant::now();
+    let mut results = stream::iter(pipes.iter().map(|pipe| {
+        let mut conn = bench.conn.clone();
+        async move { pipe.query_async::<Vec<i64>>(&mut conn).await }
+    }))
+    .buffer_unordered(bench.in_flight);
+    while let Some(result) = results.next().await {
+        result?;
+    }
+    let rate = jobs as f64 / started.elapsed().as_secs_f64();
+    let _: u64 = redis::cmd("UNLINK")
+        .arg(&zset)
+        .arg(&hash)
+        .query_async(&mut conn)
+        .await?;
+    Ok(rate)
+}
+
+fn per_sec(n: u64, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64().max(1e-9)
+}
+
+fn micros_per(n: u64, d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6 / n.max(1) as f64
+}
+
+async fn store_bench(mut args: StoreArgs) -> Result<()> {
+    if args.quick {
+        args.jobs = 20_000;
+    }
+    if args.jobs == 0 {
+        bail!("--jobs must be > 0");
+    }
+    let url = url::Url::parse(&args.redis_url).context("--redis-url")?;
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let prefix = format!(
+        "redisched-bench-{}-{:x}",
+        std::process::id(),
+        nanos & 0xffff_ffff
+    );
+    eprintln!(
+        "redisched-bench store: {} jobs, prefix {prefix} (deleted at the end)",
+        args.jobs
+    );
+    eprintln!("  interrupted? clean up with: redis-cli --scan --pattern '{prefix}:*' | xargs -r redis-cli unlink");
+
+    let options = ConnectOptions {
+        url: args.redis_url.clone(),
+        prefix: prefix.clone(),
+        connect_timeout: Duration::from_secs(5),
+        response_timeout: Duration::from_secs(60),
+    };
+    let limits = Limits {
+        max_delay_ms: 366 * 24 * 3_600_000,
+        max_body_bytes: args.body_bytes.max(1),
+    };
+    let store = Store::connect(&options, limits)
+        .await
+        .context("connecting to Redis")?;
+    let conn = redis::Client::open(args.redis_url.as_str())
+        .context("--redis-url")?
+        .get_multiplexed_async_connection()
+        .await
+        .context("connecting to Redis")?;
+    let bench = Bench {
+        store,
+        conn,
+        body: (0..args.body_bytes)
+            .map(|i| b'a' + (i % 26) as u8)
+            .collect(),
+        in_flight: args.in_flight.max(1),
+    };
+
+    let result = run(&bench, &args, &url, &prefix).await;
+    eprintln!("cleaning up {prefix}:*");
+    let cleanup = bench.unlink_prefix(&prefix).await;
+    let report = result?;
+    cleanup.context("cleaning up")?;
+
+    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&args.out, serde_json::to_string_pretty(&report)? + "\n")
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    eprintln!("wrote {}", args.out.display());
+    Ok(())
+}
+
+async fn run(bench: &Bench, args: &StoreArgs, url: &url::Url, prefix: &str) -> Result<Value> {
+    let n = args.jobs;
+    let body = args.body_bytes as u64;
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut bench.conn.clone())
+        .await?;
+    let redis_version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .trim()
+        .to_string();
+
+    // --- ceilings, same run -------------------------------------------------------
+    eprintln!("ceiling: redis-benchmark EVAL \"return 1\"");
+    let bench_requests = if args.quick { 100_000 } else { 200_000 };
+    let (benchmark_command, eval_ceiling) = redis_benchmark(url, bench_requests)?;
+    let drain_jobs = n.min(200_000);
+    eprintln!("ceiling: ZADD+HSET script, {drain_jobs} calls pipelined from Rust");
+    let zadd_hset = zadd_hset_ceiling(bench, prefix, drain_jobs).await?;
+
+    // --- memory and scale: one topic grown through the sizes ------------------------
+    let waiting = Topic::new("bench.waiting")?;
+    let keys = bench.store.keys().topic(&waiting).0;
+    let mut sizes: Vec<u64> = vec![10_000.min(n), n];
+    if args.scale {
+        sizes.push(10_000_000.max(n));
+    }
+    sizes.dedup();
+    let probe = 20_000u64.min(n);
+    // Waiting jobs are due in 1 to 2 hours, spread so the ZSET is not append-only.
+    let later = |i: u64| Due::Delay(3_600_000 + ((i * 7_919) % 3_600_000) as i64);
+
+    let memory_before = bench.used_memory().await?;
+    let mut filled = 0u64;
+    let mut fill_time = Duration::ZERO;
+    let mut memory = Vec::new();
+    let mut scale = Vec::new();
+    for &size in &sizes {
+        eprintln!("filling {waiting} to {size} waiting jobs");
+        fill_time += bench
+            .put_range(&waiting, "job", filled, size, later)
+            .await?;
+        filled = size;
+        let used = bench.used_memory().await?;
+        let delta = used - memory_before;
+        let mut key_bytes = 0;
+        for key in &keys {
+            key_bytes += bench.memory_usage(key).await?;
+        }
+        let per_job = delta as f64 / size as f64;
+        memory.push(json!({
+            "jobs": size,
+            "used_memory_delta": delta,
+            "bytes_per_job": per_job,
+            "overhead_per_job": per_job - (body as f64 + ID_BYTES as f64),
+            "memory_usage_keys_bytes_per_job": key_bytes as f64 / size as f64,
+        }));
+
+        // Probe: put `probe` jobs due now beside the waiting ones, reserve them all,
+        // release them all. The topic is back to `size` waiting afterwards.
+        eprintln!("probe at {size} waiting: {probe} puts, reserves, releases");
+        let put = bench
+            .put_range(&waiting, "prb", 0, probe, |_| Due::NOW)
+            .await?;
+        let (moved, reserve, release) = bench.reserve_then_release(&waiting).await?;
+        if moved != probe {
+            bail!("probe reserved {moved} of {probe} jobs");
+        }
+        scale.push(json!({
+            "waiting": size,
+            "probe_jobs": probe,
+            "put_us_per_job": micros_per(probe, put),
+            "reserve_us_per_job": micros_per(probe, reserve),
+            "release_us_per_job": micros_per(probe, release),
+        }));
+    }
+    let put_rate = per_sec(filled, fill_time);
+
+    // --- reserve+release throughput: the bridge's loop over a backlog of due jobs ----
+    let due = Topic::new("bench.due")?;
+    eprintln!("backlog: {drain_jobs} jobs due now in {due}");
+    let put_due = bench
+        .put_range(&due, "due", 0, drain_jobs, |_| Due::NOW)
+        .await?;
+    let (drained, drain_time) = bench.drain(&due, 2, drain_jobs).await?;
+    if drained != drain_jobs {
+        bail!("drained {drained} of {drain_jobs}");
+    }
+    let drain_rate = per_sec(drained, drain_time);
+    let put_due_rate = per_sec(drain_jobs, put_due);
+
+    // --- report ----------------------------------------------------------------------
+    let first = &scale[0];
+    let last = &scale[scale.len() - 1];
+    let ratio = |field: &str| {
+        last[field].as_f64().unwrap_or(0.0) / first[field].as_f64().unwrap_or(1.0).max(1e-9)
+    };
+    let date = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let report = json!({
+        "date": date,
+        "machine": format!("{cores} cores (shared), Redis {redis_version} on the same host"),
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "jobs": n,
+        "body_bytes": body,
+        "id_bytes": ID_BYTES,
+        "put_batch": PUT_BATCH,
+        "in_flight": bench.in_flight,
+        "ceilings": {
+            "redis_benchmark_command": benchmark_command,
+            "eval_return_1_per_s": eval_ceiling,
+            "zadd_hset_script_per_s": zadd_hset,
+        },
+        "put_per_s": put_rate,
+        "put_due_now_per_s": put_due_rate,
+        "reserve_release_per_s": drain_rate,
+        "ratios": {
+            "put_vs_zadd_hset": put_rate / zadd_hset,
+            "put_vs_eval_return_1": put_rate / eval_ceiling,
+            "reserve_release_vs_zadd_hset": drain_rate / zadd_hset,
+        },
+        "memory": memory,
+        "scale": scale,
+        "scale_ratio_largest_vs_smallest": {
+            "put": ratio("put_us_per_job"),
+            "reserve": ratio("reserve_us_per_job"),
+            "release": ratio("release_us_per_job"),
+        },
+    });
+    print_table(&report);
+    Ok(report)
+}
+
+fn print_table(r: &Value) {
+    let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    println!();
+    println!(
+        "redisched store benchmark — {} — {}",
+        r["date"].as_str().unwrap_or(""),
+        r["machine"].as_str().unwrap_or("")
+    );
+    println!(
+        "{} jobs waiting, {}-byte bodies, {}-byte ids",
+        r["jobs"], r["body_bytes"], r["id_bytes"]
+    );
+    println!();
+    println!("| measure | value | ceiling (same run) | ratio |");
+    println!("|---|---:|---:|---:|");
+    let c = &r["ceilings"];
+    println!(
+        "| put, pipelined (jobs/s) | {:.0} | ZADD+HSET script {:.0}/s | {:.2} |",
+        f(&r["put_per_s"]),
+        f(&c["zadd_hset_script_per_s"]),
+        f(&r["ratios"]["put_vs_zadd_hset"])
+    );
+    println!(
+        "| put vs. trivial script | {:.0} | EVAL \"return 1\" {:.0}/s | {:.2} |",
+        f(&r["put_per_s"]),
+        f(&c["eval_return_1_per_s"]),
+        f(&r["ratios"]["put_vs_eval_return_1"])
+    );
+    println!(
+        "| reserve+release, batches of 1000 (jobs/s) | {:.0} | ZADD+HSET script {:.0}/s | {:.2} |",
+        f(&r["reserve_release_per_s"]),
+        f(&c["zadd_hset_script_per_s"]),
+        f(&r["ratios"]["reserve_release_vs_zadd_hset"])
+    );
+    println!();
+    println!("| jobs waiting | Redis bytes/job (INFO used_memory delta) | beyond body+id | MEMORY USAGE of the keys, bytes/job |");
+    println!("|---:|---:|---:|---:|");
+    for m in r["memory"].as_array().into_iter().flatten() {
+        println!(
+            "| {} | {:.1} | {:.1} | {:.1} |",
+            m["jobs"],
+            f(&m["bytes_per_job"]),
+            f(&m["overhead_per_job"]),
+            f(&m["memory_usage_keys_bytes_per_job"])
+        );
+    }
+    println!();
+    println!("| jobs waiting | put µs/job | reserve µs/job | release µs/job |");
+    println!("|---:|---:|---:|---:|");
+    for s in r["scale"].as_array().into_iter().flatten() {
+        println!(
+            "| {} | {:.2} | {:.2} | {:.2} |",
+            s["waiting"],
+            f(&s["put_us_per_job"]),
+            f(&s["reserve_us_per_job"]),
+            f(&s["release_us_per_job"])
+        );
+    }
+    let s = &r["scale_ratio_largest_vs_smallest"];
+    println!();
+    println!(
+        "cost at the largest vs. smallest size: put {:.2}×, reserve {:.2}×, release {:.2}×",
+        f(&s["put"]),
+        f(&s["reserve"]),
+        f(&s["release"])
+    );
+}
