@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::{ConnectOptions, Limits, MAX_BATCH};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub redis: RedisConfig,
@@ -113,19 +113,6 @@ pub struct LogConfig {
     pub level: String,
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            redis: RedisConfig::default(),
-            amqp: AmqpConfig::default(),
-            limits: LimitsConfig::default(),
-            ingest: IngestConfig::default(),
-            dispatch: DispatchConfig::default(),
-            http: HttpConfig::default(),
-            log: LogConfig::default(),
-        }
-    }
-}
 
 impl Default for RedisConfig {
     fn default() -> Self {
@@ -246,10 +233,21 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        url::Url::parse(&self.redis.url)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "redis" | "rediss" | "redis+unix" | "unix"))
-            .ok_or_else(|| invalid("redis.url", "expected redis://host:port/db"))?;
+        let standalone_ok = |url: &str| {
+            url::Url::parse(url)
+                .ok()
+                .is_some_and(|u| matches!(u.scheme(), "redis" | "rediss" | "redis+unix" | "unix"))
+        };
+        let redis_ok = match crate::store::cluster_seeds(&self.redis.url) {
+            Some(seeds) => !seeds.is_empty() && seeds.iter().all(|s| standalone_ok(s)),
+            None => standalone_ok(&self.redis.url),
+        };
+        if !redis_ok {
+            return Err(invalid(
+                "redis.url",
+                "expected redis://host:port/db or redis-cluster://host:port,host:port",
+            ));
+        }
         if self.redis.prefix.is_empty() || self.redis.prefix.contains(['{', '}']) {
             return Err(invalid("redis.prefix", "must be non-empty and free of braces"));
         }
@@ -374,6 +372,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's signature, not ours
     fn env_overrides_file_overrides_defaults_and_bad_values_name_their_key() {
         figment::Jail::expect_with(|jail| {
             jail.create_file("c.toml", "[dispatch]\nttr_ms = 5000\nbatch = 10\n")?;

@@ -53,8 +53,7 @@ impl Metrics {
         let publishes_in_flight = Gauge::default();
         // 1 ms .. ~65 s: precision matters at the low end.
         let lateness = Histogram::new(
-            [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
-                .into_iter(),
+            [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
         );
         let redis_up = Gauge::default();
         let amqp_up = Gauge::default();

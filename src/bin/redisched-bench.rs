@@ -5,7 +5,11 @@
 //! cargo run --release --bin redisched-bench -- store            # 1,000,000 jobs
 //! cargo run --release --bin redisched-bench -- store --quick    # 20,000 jobs, < 30 s
 //! cargo run --release --bin redisched-bench -- store --scale    # also 10,000,000 waiting
+//! cargo run --release --bin redisched-bench -- all --quick      # every scenario, bridge too
 //! ```
+//!
+//! The bridge scenarios (dispatch, ingest, precision, cancel, peer, all) live in
+//! `src/bin/bench/`.
 //!
 //! Everything lives under a unique key prefix that is deleted at the end (also after a
 //! failure); the prefix is printed first so an interrupted run can be cleaned by hand.
@@ -23,6 +27,9 @@ use redisched::job::{Due, JobId, PutMode, Topic};
 use redisched::store::{ConnectOptions, Lease, Limits, Op, PutRequest, Store, MAX_BATCH};
 use serde_json::{json, Value};
 
+#[path = "bench/mod.rs"]
+mod bench;
+
 #[derive(Parser)]
 #[command(
     name = "redisched-bench",
@@ -38,6 +45,8 @@ enum Command {
     /// The job store: bytes per job, put and reserve+release throughput, cost at scale,
     /// each beside the raw Redis ceiling.
     Store(StoreArgs),
+    #[command(flatten)]
+    Bridge(bench::BridgeCommand),
 }
 
 #[derive(Args, Clone)]
@@ -77,6 +86,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Store(args) => store_bench(args).await,
+        Command::Bridge(command) => bench::run(command, store_for_all).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -84,6 +94,18 @@ async fn main() -> ExitCode {
             eprintln!("redisched-bench: {err:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `all` runs the store bench through its own command line, so defaults stay in step.
+async fn store_for_all(quick: bool, out: PathBuf) -> Result<()> {
+    let mut argv = vec!["redisched-bench".into(), "store".into(), "--out".into(), out.into_os_string()];
+    if quick {
+        argv.push("--quick".into());
+    }
+    match Cli::try_parse_from(argv)?.command {
+        Command::Store(args) => store_bench(args).await,
+        Command::Bridge(_) => bail!("internal: not the store command"),
     }
 }
 

@@ -47,7 +47,10 @@ impl Wake {
     }
 
     pub(crate) fn take_hints(&self) -> HashMap<Topic, i64> {
-        self.hints.lock().map(|mut h| std::mem::take(&mut *h)).unwrap_or_default()
+        self.hints
+            .lock()
+            .map(|mut h| std::mem::take(&mut *h))
+            .unwrap_or_default()
     }
 
     pub(crate) fn take_rescan(&self) -> bool {
@@ -69,11 +72,26 @@ pub fn parse_notification(payload: &[u8]) -> Option<(Topic, i64)> {
 /// Listens on the notify channel until shutdown, reconnecting with backoff. After
 /// each (re)subscription it asks for a rescan, since notifications sent while it was
 /// away are lost.
-pub async fn listen(redis_url: String, channel: String, wake: std::sync::Arc<Wake>, shutdown: CancellationToken) {
+pub async fn listen(
+    redis_url: String,
+    channel: String,
+    wake: std::sync::Arc<Wake>,
+    shutdown: CancellationToken,
+) {
+    // In a cluster, PUBLISH reaches every node: any one node will do, and after a
+    // failure the next seed is tried.
+    let nodes = crate::store::cluster_seeds(&redis_url).unwrap_or_else(|| vec![redis_url.clone()]);
+    if nodes.is_empty() {
+        tracing::error!("no Redis node to subscribe to; dispatch relies on polling");
+        return;
+    }
+    let mut attempt = 0usize;
     let mut backoff = Duration::from_millis(100);
     while !shutdown.is_cancelled() {
+        let node = nodes[attempt % nodes.len()].clone();
+        attempt += 1;
         let subscribed = async {
-            let client = redis::Client::open(redis_url.as_str())?;
+            let client = redis::Client::open(node.as_str())?;
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&channel).await?;
             Ok::<_, redis::RedisError>(pubsub)

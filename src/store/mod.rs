@@ -4,21 +4,23 @@
 //! bridge, the CLI and the HTTP API do to jobs goes through [`Store`], and through the
 //! same scripts any other Redis client can call (see `lua/README.md`).
 
+mod conn;
 mod error;
 mod keys;
+mod link;
 mod reply;
 mod scripts;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Value};
 
 use crate::job::{
     Due, JobId, JobInfo, JobState, PutMode, PutOutcome, PutStatus, ReservedJob, Topic,
     TopicStats,
 };
+pub use conn::{cluster_seeds, Conn, CLUSTER_SCHEME};
 pub use error::{RejectCode, Rejection, StoreError};
 pub use keys::{KeySpace, TopicKeys};
 use reply::{optional_time, Reader};
@@ -64,6 +66,15 @@ pub struct PutRequest {
     pub mode: PutMode,
 }
 
+impl Op {
+    pub fn topic(&self) -> &Topic {
+        match self {
+            Op::Put(put) => &put.topic,
+            Op::Delete { topic, .. } => topic,
+        }
+    }
+}
+
 /// What applying one [`Op`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
@@ -100,7 +111,8 @@ pub struct Lease {
 
 #[derive(Clone)]
 pub struct Store {
-    conn: ConnectionManager,
+    /// Replaced when it stops answering (see `link.rs`).
+    conn: link::Link<Conn>,
     keys: KeySpace,
     limits: Limits,
     scripts: Arc<Scripts>,
@@ -110,15 +122,14 @@ impl Store {
     /// Connects and loads the scripts. Later reconnects (and `NOSCRIPT` after a Redis
     /// restart) are handled inside; callers only see [`StoreError::Unavailable`].
     pub async fn connect(options: &ConnectOptions, limits: Limits) -> Result<Self, StoreError> {
-        let client = redis::Client::open(options.url.as_str()).map_err(StoreError::Unavailable)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.connect_timeout))
-            .set_response_timeout(Some(options.response_timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(2));
-        let conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(StoreError::Unavailable)?;
+        let (url, connect_timeout, response_timeout) =
+            (options.url.clone(), options.connect_timeout, options.response_timeout);
+        let conn = link::Link::open(move || {
+            let url = url.clone();
+            async move { Conn::open(&url, connect_timeout, response_timeout).await }
+        })
+        .await
+        .map_err(StoreError::Unavailable)?;
         let store = Self {
             conn,
             keys: KeySpace::new(options.prefix.clone()),
@@ -138,17 +149,24 @@ impl Store {
     }
 
     /// A connection for callers that need raw commands (health checks, Pub/Sub setup).
-    pub fn connection(&self) -> ConnectionManager {
-        self.conn.clone()
+    pub fn connection(&self) -> Conn {
+        self.conn.current()
     }
 
+    /// `SCRIPT LOAD`s every script; on a cluster each load goes to every primary.
     async fn load_scripts(&self) -> Result<(), StoreError> {
-        let mut pipe = redis::pipe();
-        for script in self.scripts.all() {
-            pipe.load_script(script).ignore();
-        }
-        let mut conn = self.conn.clone();
-        pipe.query_async::<()>(&mut conn).await?;
+        let loads = self
+            .scripts
+            .all()
+            .iter()
+            .map(|script| {
+                let mut pipe = redis::pipe();
+                pipe.load_script(script);
+                let cmd = pipe.cmd_iter().next().cloned();
+                cmd.unwrap_or_else(|| redis::cmd("PING"))
+            })
+            .collect();
+        self.query_each(loads).await?;
         Ok(())
     }
 
@@ -196,53 +214,96 @@ impl Store {
     }
 
     async fn run_pipeline(&self, ops: &[Op], indices: &[usize]) -> Result<Vec<Value>, StoreError> {
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        let mut registered: Vec<&Topic> = Vec::new();
-        let mut invocations = Vec::with_capacity(indices.len());
+        // Register topics before their first put, so a dispatcher that restarts finds
+        // them; SADD of a known member is a no-op.
+        let mut new_topics: Vec<&str> = Vec::new();
         for &index in indices {
-            let invocation = match &ops[index] {
-                Op::Put(put) => {
-                    // Register the topic before its first put, so a dispatcher that
-                    // restarts finds it; SADD of a known member is a no-op.
-                    if !registered.contains(&&put.topic) {
-                        pipe.sadd(self.keys.topics(), put.topic.as_str()).ignore();
-                        registered.push(&put.topic);
-                    }
-                    let (kind, when) = match put.due {
-                        Due::Delay(ms) => ("delay", ms),
-                        Due::At(ms) => ("at", ms),
-                    };
-                    let mode = match put.mode {
-                        PutMode::Keep => "nx",
-                        PutMode::Replace => "replace",
-                    };
-                    let mut inv = self.scripts.put.prepare_invoke();
-                    inv.key(&self.keys.topic(&put.topic).0)
-                        .arg(put.id.as_str())
-                        .arg(&put.body[..])
-                        .arg(&put.meta[..])
-                        .arg(mode)
-                        .arg(kind)
-                        .arg(when)
-                        .arg(self.limits.max_delay_ms)
-                        .arg(self.limits.max_body_bytes)
-                        .arg(self.keys.notify_channel());
-                    inv
+            if let Op::Put(put) = &ops[index] {
+                if !new_topics.contains(&put.topic.as_str()) {
+                    new_topics.push(put.topic.as_str());
                 }
-                Op::Delete { topic, id } => {
-                    let mut inv = self.scripts.delete.prepare_invoke();
-                    inv.key(&self.keys.topic(topic).0).arg(id.as_str());
-                    inv
+            }
+        }
+        if let Conn::Single(_) = self.conn.current() {
+            // One round trip for everything, in order.
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            if !new_topics.is_empty() {
+                pipe.sadd(self.keys.topics(), &new_topics).ignore();
+            }
+            let invocations: Vec<_> = indices.iter().map(|&i| self.invocation(&ops[i])).collect();
+            for invocation in &invocations {
+                pipe.invoke_script(invocation);
+            }
+            return Ok(pipe.query_async::<Vec<Value>>(&mut self.conn.clone()).await?);
+        }
+
+        // A cluster refuses pipelines that cross slots: one pipeline per topic (each
+        // keeps its commands in order, which is the order that matters: ids live in a
+        // topic), all in flight at once.
+        if !new_topics.is_empty() {
+            let _: i64 = self.conn.clone().sadd(self.keys.topics(), &new_topics).await?;
+        }
+        let mut groups: Vec<(&Topic, Vec<usize>)> = Vec::new();
+        for (position, &index) in indices.iter().enumerate() {
+            let topic = ops[index].topic();
+            match groups.iter_mut().find(|(t, _)| *t == topic) {
+                Some((_, members)) => members.push(position),
+                None => groups.push((topic, vec![position])),
+            }
+        }
+        let replies = futures_util::future::join_all(groups.iter().map(|(_, positions)| {
+            let mut conn = self.conn.clone();
+            let invocations: Vec<_> = positions.iter().map(|&p| self.invocation(&ops[indices[p]])).collect();
+            async move {
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors();
+                for invocation in &invocations {
+                    pipe.invoke_script(invocation);
                 }
-            };
-            invocations.push(invocation);
+                pipe.query_async::<Vec<Value>>(&mut conn).await
+            }
+        }))
+        .await;
+        let mut values = vec![Value::Nil; indices.len()];
+        for ((_, positions), reply) in groups.iter().zip(replies) {
+            for (&position, value) in positions.iter().zip(reply?) {
+                values[position] = value;
+            }
         }
-        for invocation in &invocations {
-            pipe.invoke_script(invocation);
+        Ok(values)
+    }
+
+    fn invocation(&self, op: &Op) -> redis::ScriptInvocation<'_> {
+        match op {
+            Op::Put(put) => {
+                let (kind, when) = match put.due {
+                    Due::Delay(ms) => ("delay", ms),
+                    Due::At(ms) => ("at", ms),
+                };
+                let mode = match put.mode {
+                    PutMode::Keep => "nx",
+                    PutMode::Replace => "replace",
+                };
+                let mut inv = self.scripts.put.prepare_invoke();
+                inv.key(&self.keys.topic(&put.topic).0)
+                    .arg(put.id.as_str())
+                    .arg(&put.body[..])
+                    .arg(&put.meta[..])
+                    .arg(mode)
+                    .arg(kind)
+                    .arg(when)
+                    .arg(self.limits.max_delay_ms)
+                    .arg(self.limits.max_body_bytes)
+                    .arg(self.keys.notify_channel());
+                inv
+            }
+            Op::Delete { topic, id } => {
+                let mut inv = self.scripts.delete.prepare_invoke();
+                inv.key(&self.keys.topic(topic).0).arg(id.as_str());
+                inv
+            }
         }
-        let mut conn = self.conn.clone();
-        Ok(pipe.query_async::<Vec<Value>>(&mut conn).await?)
     }
 
     /// Schedules one job. See `lua/put.lua`.
@@ -320,23 +381,46 @@ impl Store {
                 invocations.push(inv);
             }
         }
-        let mut total = 0;
         for attempt in 0..2 {
-            let mut pipe = redis::pipe();
-            for inv in &invocations {
-                pipe.invoke_script(inv);
-            }
-            match pipe.query_async::<Vec<u64>>(&mut self.conn.clone()).await {
+            let commands: Vec<redis::Cmd> = invocations
+                .iter()
+                .map(|inv| {
+                    let mut pipe = redis::pipe();
+                    pipe.invoke_script(inv);
+                    let cmd = pipe.cmd_iter().next().cloned();
+                    cmd.unwrap_or_else(|| redis::cmd("PING"))
+                })
+                .collect();
+            match self.query_each(commands).await {
                 Ok(counts) => {
-                    total = counts.iter().sum();
-                    break;
+                    let counts: Vec<u64> = counts.into_iter().map(|v| redis::from_redis_value(v).unwrap_or(0)).collect();
+                    return Ok(counts.iter().sum());
                 }
                 // Releasing twice is harmless: the second finds nothing to delete.
                 Err(err) if error::is_noscript(&err) && attempt == 0 => self.load_scripts().await?,
                 Err(err) => return Err(err.into()),
             }
         }
-        Ok(total)
+        Err(StoreError::bad_reply("release", "scripts could not be loaded"))
+    }
+
+    /// Runs independent single-key commands, in one round trip on a standalone Redis,
+    /// or concurrently on a cluster (which refuses pipelines that cross slots). The
+    /// first error, if any, is returned.
+    async fn query_each(&self, commands: Vec<redis::Cmd>) -> redis::RedisResult<Vec<Value>> {
+        if let Conn::Single(_) = self.conn.current() {
+            let mut pipe = redis::pipe();
+            for command in commands {
+                pipe.add_command(command);
+            }
+            return pipe.query_async(&mut self.conn.clone()).await;
+        }
+        let replies = futures_util::future::join_all(commands.into_iter().map(|command| {
+            let mut conn = self.conn.clone();
+            async move { command.query_async::<Value>(&mut conn).await }
+        }))
+        .await;
+        replies.into_iter().collect()
     }
 
     /// Hands a reserved job back, due again after `delay`; `false` if it was no longer
@@ -444,16 +528,22 @@ impl Store {
         if topics.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
-        for topic in topics {
-            let [scheduled, ..] = &self.keys.topic(topic).0;
-            pipe.cmd("ZRANGE").arg(scheduled).arg(0).arg(0).arg("WITHSCORES");
+        let commands = topics
+            .iter()
+            .map(|topic| {
+                let [scheduled, ..] = &self.keys.topic(topic).0;
+                let mut cmd = redis::cmd("ZRANGE");
+                cmd.arg(scheduled).arg(0).arg(0).arg("WITHSCORES");
+                cmd
+            })
+            .collect();
+        let mut heads = Vec::with_capacity(topics.len());
+        for value in self.query_each(commands).await? {
+            let head: Vec<(String, f64)> = redis::from_redis_value(value)
+                .map_err(|e| StoreError::bad_reply("next_due_times", e.to_string()))?;
+            heads.push(head.first().map(|(_, score)| *score as i64));
         }
-        let heads: Vec<Vec<(String, f64)>> = pipe.query_async(&mut self.conn.clone()).await?;
-        Ok(heads
-            .into_iter()
-            .map(|head| head.first().map(|(_, score)| *score as i64))
-            .collect())
+        Ok(heads)
     }
 
     /// Topics that ever had a job put through this crate (or registered by hand with
