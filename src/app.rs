@@ -160,12 +160,21 @@ async fn session(
     shutdown: &CancellationToken,
 ) -> Result<(), AmqpError> {
     let name = format!("redisched {} pid {}", env!("CARGO_PKG_VERSION"), std::process::id());
-    let connection = tokio::time::timeout(Duration::from_secs(20), amqp::connect(&config.amqp, &name))
-        .await
-        .map_err(|_| AmqpError::Timeout("connection attempt timed out after 20 s"))??;
-    let setup = connection.create_channel().await?;
-    amqp::declare_topology(&setup, &config.amqp).await?;
-    let _ = setup.close(200, "topology declared".into()).await;
+    let open = async {
+        let connection = tokio::time::timeout(Duration::from_secs(20), amqp::connect(&config.amqp, &name))
+            .await
+            .map_err(|_| AmqpError::Timeout("connection attempt timed out after 20 s"))??;
+        let setup = connection.create_channel().await?;
+        amqp::declare_topology(&setup, &config.amqp).await?;
+        amqp::close_quietly("setup channel", setup.close(200, "topology declared".into())).await;
+        Ok::<_, AmqpError>(connection)
+    };
+    // A broker that accepts the TCP connection and then hangs must not hold up a
+    // shutdown until the heartbeat timeout.
+    let connection = tokio::select! {
+        _ = shutdown.cancelled() => return Ok(()),
+        opened = open => opened?,
+    };
     metrics.set_topology_ready(true);
     tracing::info!(url = %crate::config::redact_url(&config.amqp.url), "connected to AMQP; topology declared");
 
@@ -183,7 +192,7 @@ async fn session(
         },
     );
     metrics.set_topology_ready(false);
-    let _ = connection.close(200, "bye".into()).await;
+    amqp::close_quietly("connection", connection.close(200, "bye".into())).await;
     ingested?;
     dispatched?;
     if shutdown.is_cancelled() {

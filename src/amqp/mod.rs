@@ -3,6 +3,9 @@
 
 mod properties;
 
+use std::future::Future;
+use std::time::Duration;
+
 use lapin::options::{
     BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
     QueueDeclareOptions,
@@ -45,6 +48,21 @@ pub enum AmqpError {
     /// The broker refused a publish the bridge must not lose (set-aside commands).
     #[error("the broker did not confirm the publish to {exchange}")]
     NotConfirmed { exchange: String },
+}
+
+/// How long a polite goodbye (`basic.cancel`, `channel.close`, `connection.close`) may
+/// wait for the broker. Each of them waits for the broker's reply, so a broker that
+/// stopped answering (a hung node, a black-holed network) held up shutdown until the
+/// heartbeat timeout declared the connection dead (two heartbeats, 20 s by default;
+/// found by `tests/faults.rs`, SIGTERM with the broker hung). Closing is best effort
+/// anyway: whatever was not acked is requeued by the broker when the socket goes.
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Runs a closing step for at most [`CLOSE_TIMEOUT`], ignoring its outcome.
+pub async fn close_quietly<T>(what: &'static str, step: impl Future<Output = T>) {
+    if tokio::time::timeout(CLOSE_TIMEOUT, step).await.is_err() {
+        tracing::warn!(what, timeout = ?CLOSE_TIMEOUT, "the broker did not answer; closing anyway");
+    }
 }
 
 /// Opens a connection named `name` (shown in the broker's connection list).

@@ -75,7 +75,7 @@ impl Dispatcher {
                 "confirms still pending at the end of the grace period; those jobs stay reserved and are requeued after their time-to-run"
             );
         }
-        let _ = channel.close(200, "shutdown".into()).await;
+        amqp::close_quietly("dispatch channel", channel.close(200, "shutdown".into())).await;
         result
     }
 

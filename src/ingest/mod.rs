@@ -83,11 +83,14 @@ impl Ingest {
                 break;
             }
         }
-        // Best effort: the connection may already be gone, and unacked deliveries are
-        // requeued by the broker either way.
-        let _ = channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()).await;
-        let _ = channel.close(200, "shutdown".into()).await;
-        let _ = side.close(200, "shutdown".into()).await;
+        // Best effort and bounded: the connection may already be gone or hung, and
+        // unacked deliveries are requeued by the broker either way.
+        amqp::close_quietly("ingest channels", async {
+            let _ = channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()).await;
+            let _ = channel.close(200, "shutdown".into()).await;
+            let _ = side.close(200, "shutdown".into()).await;
+        })
+        .await;
         Ok(())
     }
 

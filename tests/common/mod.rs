@@ -119,3 +119,4 @@ pub fn raw_redis() -> redis::Connection {
         .unwrap_or_else(|e| panic!("cannot reach Redis at {}: {e}\n{HOW_TO_START_REDIS}", redis_url()))
 }
 pub mod bridge;
+pub mod faults;
