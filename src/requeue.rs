@@ -1,6 +1,10 @@
 //! Stage 3: the safety net. Reservations whose time-to-run passed belong to a bridge
 //! that died (or stalled) between reserve and release; this loop, which every bridge
 //! runs, makes them due again so another dispatcher delivers them. At-least-once.
+//!
+//! Each tick handles the next [`CHUNK`] known topics (an SSCAN walk) in one pipelined
+//! round trip, so the cost per tick does not grow with the number of topics; with T
+//! topics an expired reservation is found within its TTR + T / CHUNK ticks.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,16 +14,20 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError, MAX_BATCH};
 
-/// Requeues expired reservations of every known topic every `interval`, until shutdown.
+/// Topics requeued per tick.
+pub const CHUNK: usize = 1000;
+
+/// Requeues expired reservations, one chunk of topics every `interval`, until shutdown.
 pub async fn run(store: Store, metrics: Arc<Metrics>, interval: Duration, shutdown: CancellationToken) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut cursor = 0;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        match sweep(&store).await {
+        match step(&store, &mut cursor).await {
             Ok(0) => {}
             Ok(count) => {
                 metrics.jobs_requeued.inc_by(count);
@@ -30,17 +38,33 @@ pub async fn run(store: Store, metrics: Arc<Metrics>, interval: Duration, shutdo
     }
 }
 
-/// One pass over all topics; returns how many reservations were requeued.
-pub async fn sweep(store: &Store) -> Result<u64, StoreError> {
+/// Requeues the next chunk of topics after `cursor` and advances it (0 = the walk
+/// starts over). Returns how many reservations were requeued.
+pub async fn step(store: &Store, cursor: &mut u64) -> Result<u64, StoreError> {
+    let (next, topics) = store.scan_topics(*cursor, CHUNK).await?;
     let mut total = 0;
-    for topic in store.topics().await? {
-        loop {
-            let requeued = store.requeue(&topic, MAX_BATCH).await?;
+    for (topic, requeued) in topics.iter().zip(store.requeue_many(&topics, MAX_BATCH).await?) {
+        total += requeued.count;
+        // A full batch means more may be waiting in this topic.
+        let mut more = requeued.count == MAX_BATCH as u64;
+        while more {
+            let requeued = store.requeue(topic, MAX_BATCH).await?;
             total += requeued.count;
-            if requeued.count < MAX_BATCH as u64 {
-                break;
-            }
+            more = requeued.count == MAX_BATCH as u64;
         }
     }
+    *cursor = next;
     Ok(total)
+}
+
+/// One full pass over every topic; returns how many reservations were requeued.
+pub async fn sweep(store: &Store) -> Result<u64, StoreError> {
+    let mut cursor = 0;
+    let mut total = 0;
+    loop {
+        total += step(store, &mut cursor).await?;
+        if cursor == 0 {
+            return Ok(total);
+        }
+    }
 }

@@ -72,15 +72,22 @@ pub fn decode_meta(meta: &[u8]) -> Result<AMQPProperties, String> {
         return Ok(AMQPProperties::default());
     }
     match parse_properties(meta) {
-        Ok((rest, props)) if rest.is_empty() => Ok(props),
-        Ok((rest, _)) => Err(format!("{} trailing bytes after the properties", rest.len())),
+        Ok(([], props)) => Ok(props),
+        Ok((rest, _)) => Err(format!(
+            "{} trailing bytes after the properties",
+            rest.len()
+        )),
         Err(err) => Err(format!("unreadable properties: {err}")),
     }
 }
 
 /// The properties a due job is published with: its stored ones, persistent, with the
 /// job id as message_id and the `x-redisched-*` delivery headers.
-pub fn outgoing_properties(topic: &str, job: &ReservedJob, stored: AMQPProperties) -> BasicProperties {
+pub fn outgoing_properties(
+    topic: &str,
+    job: &ReservedJob,
+    stored: AMQPProperties,
+) -> BasicProperties {
     let mut table = stored.headers().clone().unwrap_or_default();
     table.insert(
         headers::TOPIC.into(),
@@ -117,9 +124,15 @@ mod tests {
         table.insert("t".into(), AMQPValue::FieldTable(nested));
         table.insert(
             "a".into(),
-            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::ShortUInt(1), AMQPValue::Void])),
+            AMQPValue::FieldArray(FieldArray::from(vec![
+                AMQPValue::ShortUInt(1),
+                AMQPValue::Void,
+            ])),
         );
-        table.insert("x".into(), AMQPValue::ByteArray(ByteArray::from(vec![0u8, 255, 10])));
+        table.insert(
+            "x".into(),
+            AMQPValue::ByteArray(ByteArray::from(vec![0u8, 255, 10])),
+        );
         table.insert(headers::DELAY.into(), AMQPValue::LongLongInt(5000));
         table.insert(headers::OP.into(), AMQPValue::LongString("replace".into()));
         let props = BasicProperties::default()
@@ -143,7 +156,10 @@ mod tests {
         let headers = decoded.headers().clone().expect("headers kept");
         assert!(!headers.contains_key(headers::DELAY) && !headers.contains_key(headers::OP));
         assert_eq!(headers.inner().len(), 8);
-        assert_eq!(headers.inner().get("x"), Some(&AMQPValue::ByteArray(ByteArray::from(vec![0u8, 255, 10]))));
+        assert_eq!(
+            headers.inner().get("x"),
+            Some(&AMQPValue::ByteArray(ByteArray::from(vec![0u8, 255, 10])))
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ mod clock;
 mod confirm;
 mod wake;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,16 +27,59 @@ use crate::job::{ReservedJob, Topic};
 use crate::metrics::Metrics;
 use crate::store::{Lease, Store};
 pub use clock::ServerClock;
-use confirm::{InFlight, Confirmer};
+use confirm::{Confirmer, InFlight};
 pub use wake::{listen, parse_notification, Wake};
 
-/// What the dispatcher knows between AMQP sessions: when each topic is next due.
+/// Due topics reserved from in one round trip.
+const RESERVE_GROUP: usize = 64;
+
+/// Topics whose earliest due time one rescan step re-reads.
+pub const RESCAN_CHUNK: usize = 1000;
+
+/// What the dispatcher knows between AMQP sessions: when each topic is next due,
+/// indexed both ways so a tick costs O(log topics), not a pass over all of them.
 #[derive(Default)]
 pub struct Plan {
     next_due: HashMap<Topic, i64>,
+    by_due: BTreeSet<(i64, Topic)>,
     last_rescan: Option<Instant>,
+    /// Where the incremental rescan of the topic set stands (an SSCAN cursor).
+    cursor: u64,
     /// Rotates the starting topic so a hot topic cannot starve the others.
     turn: usize,
+}
+
+impl Plan {
+    /// Records a topic's earliest due time (`None`: nothing scheduled).
+    fn set(&mut self, topic: &Topic, due: Option<i64>) {
+        if let Some(old) = self.next_due.remove(topic) {
+            self.by_due.remove(&(old, topic.clone()));
+        }
+        if let Some(due) = due {
+            self.next_due.insert(topic.clone(), due);
+            self.by_due.insert((due, topic.clone()));
+        }
+    }
+
+    /// Moves a topic's due time earlier (a hint never delays a topic).
+    fn lower(&mut self, topic: Topic, due: i64) {
+        if self.next_due.get(&topic).is_none_or(|&known| due < known) {
+            self.set(&topic, Some(due));
+        }
+    }
+
+    /// Topics due at `now`, earliest first.
+    fn due(&self, now: i64) -> Vec<Topic> {
+        self.by_due
+            .iter()
+            .take_while(|(due, _)| *due <= now)
+            .map(|(_, topic)| topic.clone())
+            .collect()
+    }
+
+    fn earliest(&self) -> Option<i64> {
+        self.by_due.first().map(|(due, _)| *due)
+    }
 }
 
 pub struct Dispatcher {
@@ -51,7 +94,12 @@ pub struct Dispatcher {
 impl Dispatcher {
     /// Dispatches over one AMQP connection until `shutdown` (then drains in-flight
     /// confirms within the grace period) or a broker error.
-    pub async fn run(&self, plan: &mut Plan, connection: &Connection, shutdown: CancellationToken) -> Result<(), AmqpError> {
+    pub async fn run(
+        &self,
+        plan: &mut Plan,
+        connection: &Connection,
+        shutdown: CancellationToken,
+    ) -> Result<(), AmqpError> {
         let channel = amqp::confirm_channel(connection).await?;
         let blocked = watch_blocked(connection, shutdown.clone());
         let window = Arc::new(Semaphore::new(self.config.dispatch.window));
@@ -65,7 +113,9 @@ impl Dispatcher {
         };
         let mut confirmer = tokio::spawn(confirmer.run(confirmed));
 
-        let result = self.dispatch_loop(plan, &channel, blocked, &window, &in_flight, &shutdown).await;
+        let result = self
+            .dispatch_loop(plan, &channel, blocked, &window, &in_flight, &shutdown)
+            .await;
         drop(in_flight);
         let grace = Duration::from_millis(self.config.dispatch.shutdown_grace_ms);
         if tokio::time::timeout(grace, &mut confirmer).await.is_err() {
@@ -102,11 +152,14 @@ impl Dispatcher {
                 continue;
             }
             for (topic, due) in self.wake.take_hints() {
-                plan.next_due.entry(topic).and_modify(|d| *d = (*d).min(due)).or_insert(due);
+                plan.lower(topic, due);
             }
+            // A full pass at start and after missed notifications; otherwise one chunk
+            // of topics per poll interval, so a tick never costs a call per topic.
+            let full = self.wake.take_rescan() || plan.last_rescan.is_none();
             let rescan_due = plan.last_rescan.is_none_or(|at| at.elapsed() >= poll);
-            if self.wake.take_rescan() || rescan_due {
-                if let Err(err) = self.rescan(plan).await {
+            if full || rescan_due {
+                if let Err(err) = self.rescan(plan, full).await {
                     self.metrics.redis_up.set(0);
                     tracing::warn!(error = %err, retry_in = ?redis_backoff, "redis unavailable; dispatch waits");
                     sleep_or_shutdown(redis_backoff, shutdown).await;
@@ -116,9 +169,9 @@ impl Dispatcher {
             }
 
             let now = self.clock.now();
-            let mut due: Vec<Topic> = plan.next_due.iter().filter(|(_, d)| **d <= now).map(|(t, _)| t.clone()).collect();
+            let mut due = plan.due(now);
             if due.is_empty() {
-                let earliest = plan.next_due.values().min().copied();
+                let earliest = plan.earliest();
                 let nap = earliest
                     .map(|d| Duration::from_millis(u64::try_from(d - now).unwrap_or(0)))
                     .unwrap_or(poll)
@@ -130,12 +183,11 @@ impl Dispatcher {
                 }
                 continue;
             }
-            due.sort();
             plan.turn = plan.turn.wrapping_add(1);
             let start = plan.turn % due.len();
             due.rotate_left(start);
 
-            for topic in due {
+            for group in due.chunks(RESERVE_GROUP) {
                 // Wait for room in the confirm window before taking more jobs.
                 let first_permit = tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
@@ -144,12 +196,13 @@ impl Dispatcher {
                         Err(_) => return Ok(()),
                     },
                 };
-                let room = (window.available_permits() + 1).min(cfg.batch);
-                let batch = match self.store.reserve(&topic, ttr, room).await {
-                    Ok(batch) => batch,
+                let room = window.available_permits() + 1;
+                let each = (room / group.len()).clamp(1, cfg.batch);
+                let batches = match self.store.reserve_many(group, ttr, each).await {
+                    Ok(batches) => batches,
                     Err(err) => {
                         self.metrics.redis_up.set(0);
-                        tracing::warn!(error = %err, %topic, "reserve failed");
+                        tracing::warn!(error = %err, "reserve failed");
                         sleep_or_shutdown(redis_backoff, shutdown).await;
                         redis_backoff = (redis_backoff * 2).min(Duration::from_secs(5));
                         break;
@@ -157,31 +210,42 @@ impl Dispatcher {
                 };
                 redis_backoff = Duration::from_millis(100);
                 self.metrics.redis_up.set(1);
-                self.clock.observe(batch.now);
-                match batch.next_due {
-                    Some(next) => plan.next_due.insert(topic.clone(), next),
-                    None => plan.next_due.remove(&topic),
-                };
-                if !batch.corrupt.is_empty() {
-                    self.metrics.corrupt_records.inc_by(batch.corrupt.len() as u64);
-                    tracing::error!(%topic, ids = ?batch.corrupt, "scheduled ids with missing or unreadable records taken off the schedule; run `redisched check`");
+                let mut reserved: Vec<(Topic, Vec<ReservedJob>)> = Vec::with_capacity(group.len());
+                for (topic, batch) in group.iter().zip(batches) {
+                    self.clock.observe(batch.now);
+                    plan.set(topic, batch.next_due);
+                    if !batch.corrupt.is_empty() {
+                        self.metrics
+                            .corrupt_records
+                            .inc_by(batch.corrupt.len() as u64);
+                        tracing::error!(%topic, ids = ?batch.corrupt, "scheduled ids with missing or unreadable records taken off the schedule; run `redisched check`");
+                    }
+                    reserved.push((topic.clone(), batch.jobs));
                 }
                 let mut first_permit = Some(first_permit);
-                let mut jobs = batch.jobs.into_iter();
-                while let Some(job) = jobs.next() {
-                    let permit = match first_permit.take() {
-                        Some(p) => p,
-                        None => match window.clone().acquire_owned().await {
-                            Ok(p) => p,
-                            Err(_) => return Ok(()),
-                        },
-                    };
-                    if let Err(err) = self.publish(channel, &topic, job.clone(), permit, in_flight).await {
-                        // The channel is gone: hand back this job and the rest of the
-                        // batch so they are due again now instead of after the TTR.
-                        let unsent: Vec<ReservedJob> = std::iter::once(job).chain(jobs).collect();
-                        self.hand_back(&topic, unsent).await;
-                        return Err(err);
+                let mut topics = reserved.into_iter();
+                while let Some((topic, jobs)) = topics.next() {
+                    let mut jobs = jobs.into_iter();
+                    while let Some(job) = jobs.next() {
+                        let permit = match first_permit.take() {
+                            Some(p) => p,
+                            None => match window.clone().acquire_owned().await {
+                                Ok(p) => p,
+                                Err(_) => return Ok(()),
+                            },
+                        };
+                        if let Err(err) = self
+                            .publish(channel, &topic, job.clone(), permit, in_flight)
+                            .await
+                        {
+                            // The channel is gone: hand back everything reserved and not
+                            // sent, so it is due again now instead of after the TTR.
+                            self.hand_back(&topic, std::iter::once(job).chain(jobs).collect()).await;
+                            for (topic, jobs) in topics {
+                                self.hand_back(&topic, jobs).await;
+                            }
+                            return Err(err);
+                        }
                     }
                 }
             }
@@ -244,16 +308,25 @@ impl Dispatcher {
         }
     }
 
-    /// Re-reads every known topic's earliest due time (one round trip).
-    async fn rescan(&self, plan: &mut Plan) -> Result<(), crate::store::StoreError> {
-        let topics = self.store.topics().await?;
-        let heads = self.store.next_due_times(&topics).await?;
+    /// Re-reads the earliest due time of the next [`RESCAN_CHUNK`] known topics, or of
+    /// all of them when `full`. Hints (in-process and Pub/Sub) keep the plan current;
+    /// this safety net only catches what they missed, so with T topics a missed hint
+    /// is found within T / RESCAN_CHUNK poll intervals.
+    async fn rescan(&self, plan: &mut Plan, full: bool) -> Result<(), crate::store::StoreError> {
         let now = self.store.server_time().await?;
         self.clock.observe(now);
-        plan.next_due.clear();
-        for (topic, head) in topics.into_iter().zip(heads) {
-            if let Some(due) = head {
-                plan.next_due.insert(topic, due);
+        if full {
+            plan.cursor = 0;
+        }
+        loop {
+            let (next, topics) = self.store.scan_topics(plan.cursor, RESCAN_CHUNK).await?;
+            let heads = self.store.next_due_times(&topics).await?;
+            for (topic, head) in topics.into_iter().zip(heads) {
+                plan.set(&topic, head);
+            }
+            plan.cursor = next;
+            if !full || next == 0 {
+                break;
             }
         }
         plan.last_rescan = Some(Instant::now());
@@ -302,4 +375,40 @@ pub fn retry_delay(config: &Config, attempt: u32) -> Duration {
     let min = config.dispatch.retry_min_ms;
     let factor = 1u64 << attempt.saturating_sub(1).min(20);
     Duration::from_millis(min.saturating_mul(factor).min(config.dispatch.retry_max_ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(name: &str) -> Topic {
+        Topic::new(name).unwrap()
+    }
+
+    #[test]
+    fn the_plan_orders_topics_by_due_time_and_hints_only_move_them_earlier() {
+        let mut plan = Plan::default();
+        plan.set(&t("a"), Some(300));
+        plan.set(&t("b"), Some(100));
+        plan.set(&t("c"), Some(200));
+        assert_eq!(plan.earliest(), Some(100));
+        assert_eq!(plan.due(250), vec![t("b"), t("c")]);
+
+        plan.lower(t("a"), 50);
+        plan.lower(t("b"), 500); // later than known: ignored
+        assert_eq!(plan.due(150), vec![t("a"), t("b")]);
+
+        plan.set(&t("a"), None);
+        plan.set(&t("b"), Some(400));
+        assert_eq!(plan.due(1_000), vec![t("c"), t("b")]);
+        assert_eq!(plan.next_due.len(), plan.by_due.len(), "both indexes agree");
+    }
+
+    #[test]
+    fn retry_delays_double_up_to_the_cap() {
+        let config = Config::default();
+        assert_eq!(retry_delay(&config, 1), Duration::from_secs(1));
+        assert_eq!(retry_delay(&config, 3), Duration::from_secs(4));
+        assert_eq!(retry_delay(&config, 40), Duration::from_secs(60));
+    }
 }

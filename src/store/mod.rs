@@ -348,6 +348,44 @@ impl Store {
         decode_batch("reserve", value)
     }
 
+    /// [`Store::reserve`] on many topics in one round trip (concurrently on a cluster):
+    /// with thousands of topics of a few jobs each, one call per topic would make the
+    /// round trip, not Redis, the limit.
+    pub async fn reserve_many(&self, topics: &[Topic], ttr: Duration, limit: usize) -> Result<Vec<Batch>, StoreError> {
+        let ttr_ms = u64::try_from(ttr.as_millis()).unwrap_or(u64::MAX).max(1);
+        let invocations: Vec<_> = topics
+            .iter()
+            .map(|topic| {
+                let mut inv = self.scripts.reserve.prepare_invoke();
+                inv.key(&self.keys.topic(topic).0).arg(ttr_ms).arg(limit.clamp(1, MAX_BATCH));
+                inv
+            })
+            .collect();
+        let values = self.invoke_each(&invocations).await?;
+        values.into_iter().map(|value| decode_batch("reserve", value)).collect()
+    }
+
+    /// Runs script invocations with [`Store::query_each`], loading the scripts once if
+    /// Redis lost them (a restart, a failover to a replica).
+    async fn invoke_each(&self, invocations: &[redis::ScriptInvocation<'_>]) -> Result<Vec<Value>, StoreError> {
+        let commands: Vec<redis::Cmd> = invocations
+            .iter()
+            .map(|inv| {
+                let mut pipe = redis::pipe();
+                pipe.invoke_script(inv);
+                let cmd = pipe.cmd_iter().next().cloned();
+                cmd.unwrap_or_else(|| redis::cmd("PING"))
+            })
+            .collect();
+        match self.query_each(commands.clone()).await {
+            Err(err) if error::is_noscript(&err) => {
+                self.load_scripts().await?;
+                Ok(self.query_each(commands).await?)
+            }
+            other => Ok(other?),
+        }
+    }
+
     /// Takes up to `limit` due jobs and deletes them at once. See `lua/pull.lua`.
     pub async fn pull(&self, topic: &Topic, limit: usize) -> Result<Batch, StoreError> {
         let value: Value = self
@@ -455,6 +493,31 @@ impl Store {
         })
     }
 
+    /// [`Store::requeue`] for many topics in one round trip (concurrently on a cluster).
+    pub async fn requeue_many(&self, topics: &[Topic], limit: usize) -> Result<Vec<Requeued>, StoreError> {
+        let invocations: Vec<_> = topics
+            .iter()
+            .map(|topic| {
+                let mut inv = self.scripts.requeue.prepare_invoke();
+                inv.key(&self.keys.topic(topic).0)
+                    .arg(limit.clamp(1, MAX_BATCH))
+                    .arg(self.keys.notify_channel());
+                inv
+            })
+            .collect();
+        let values = self.invoke_each(&invocations).await?;
+        values
+            .into_iter()
+            .map(|value| {
+                let mut reply = Reader::new("requeue", value)?;
+                Ok(Requeued {
+                    count: u64::try_from(reply.int("count")?).unwrap_or(0),
+                    next_deadline: optional_time(reply.int("next_deadline")?),
+                })
+            })
+            .collect()
+    }
+
     /// One job by id, or `None`. See `lua/get.lua`.
     pub async fn get(&self, topic: &Topic, id: &JobId) -> Result<Option<JobInfo>, StoreError> {
         let value: Value = self
@@ -553,6 +616,19 @@ impl Store {
         let mut topics: Vec<Topic> = names.into_iter().filter_map(|n| Topic::new(n).ok()).collect();
         topics.sort();
         Ok(topics)
+    }
+
+    /// One step of an incremental walk over the known topics (`SSCAN`): the next
+    /// cursor (0 when the walk is complete) and about `count` topics.
+    pub async fn scan_topics(&self, cursor: u64, count: usize) -> Result<(u64, Vec<Topic>), StoreError> {
+        let (next, names): (u64, Vec<String>) = redis::cmd("SSCAN")
+            .arg(self.keys.topics())
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok((next, names.into_iter().filter_map(|n| Topic::new(n).ok()).collect()))
     }
 
     /// Adds a topic to the known set (puts through [`Store::apply`] do it themselves).
