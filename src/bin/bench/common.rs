@@ -1,0 +1,794 @@
+//! Shared by the bridge scenarios: unique names, a child `redisched run`, lapin
+//! publishers and consumers, cleanup, progress lines and percentiles.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use futures_util::{stream, StreamExt};
+use lapin::options::{
+    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use redisched::config::Config;
+use redisched::job::{Due, JobId, PutMode, Topic};
+use redisched::store::{Op, PutRequest, Store};
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, Semaphore};
+
+/// Where the services are and which bridge binary to run.
+#[derive(Clone, Debug)]
+pub struct Env {
+    pub redis_url: String,
+    pub amqp_url: String,
+    pub bridge_bin: PathBuf,
+}
+
+impl Env {
+    /// The bridge binary defaults to `redisched` beside this executable (same profile).
+    pub fn new(redis_url: String, amqp_url: String, bridge_bin: Option<PathBuf>) -> Result<Self> {
+        let bridge_bin = match bridge_bin {
+            Some(path) => path,
+            None => std::env::current_exe()
+                .context("locate the bench executable")?
+                .with_file_name("redisched"),
+        };
+        if !bridge_bin.exists() {
+            bail!(
+                "bridge binary {} not found: build it first (cargo build --release --bin redisched) or pass --bridge-bin",
+                bridge_bin.display()
+            );
+        }
+        Ok(Self {
+            redis_url,
+            amqp_url,
+            bridge_bin,
+        })
+    }
+}
+
+/// A name no other run uses: `bench-<label>-<pid>-<time>-<n>`.
+pub fn unique(label: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "bench-{label}-{}-{:x}-{}",
+        std::process::id(),
+        nanos & 0xffff_ffff,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Production defaults with every name unique to this scenario and HTTP off.
+pub fn bench_config(env: &Env, label: &str) -> Config {
+    let name = unique(label);
+    let mut config = Config::default();
+    config.redis.url = env.redis_url.clone();
+    config.redis.prefix = name.clone();
+    config.amqp.url = env.amqp_url.clone();
+    config.amqp.commands_exchange = format!("{name}.commands");
+    config.amqp.commands_queue = format!("{name}.commands");
+    config.amqp.invalid_exchange = format!("{name}.invalid");
+    config.amqp.invalid_queue = format!("{name}.invalid");
+    config.amqp.ready_exchange = format!("{name}.ready");
+    config.http.enabled = false;
+    config
+}
+
+/// The env vars that make a child `redisched run` use `config` (as in tests/common).
+pub fn env_for(config: &Config) -> Vec<(String, String)> {
+    let c = config;
+    [
+        ("REDISCHED_REDIS__URL", c.redis.url.clone()),
+        ("REDISCHED_REDIS__PREFIX", c.redis.prefix.clone()),
+        ("REDISCHED_AMQP__URL", c.amqp.url.clone()),
+        (
+            "REDISCHED_AMQP__COMMANDS_EXCHANGE",
+            c.amqp.commands_exchange.clone(),
+        ),
+        (
+            "REDISCHED_AMQP__COMMANDS_QUEUE",
+            c.amqp.commands_queue.clone(),
+        ),
+        (
+            "REDISCHED_AMQP__INVALID_EXCHANGE",
+            c.amqp.invalid_exchange.clone(),
+        ),
+        (
+            "REDISCHED_AMQP__INVALID_QUEUE",
+            c.amqp.invalid_queue.clone(),
+        ),
+        (
+            "REDISCHED_AMQP__READY_EXCHANGE",
+            c.amqp.ready_exchange.clone(),
+        ),
+        ("REDISCHED_HTTP__ENABLED", c.http.enabled.to_string()),
+        ("REDISCHED_HTTP__LISTEN", c.http.listen.clone()),
+        ("REDISCHED_INGEST__PREFETCH", c.ingest.prefetch.to_string()),
+        ("REDISCHED_INGEST__BATCH", c.ingest.batch.to_string()),
+        ("REDISCHED_DISPATCH__BATCH", c.dispatch.batch.to_string()),
+        ("REDISCHED_DISPATCH__WINDOW", c.dispatch.window.to_string()),
+        ("REDISCHED_DISPATCH__TTR_MS", c.dispatch.ttr_ms.to_string()),
+        (
+            "REDISCHED_DISPATCH__POLL_INTERVAL_MS",
+            c.dispatch.poll_interval_ms.to_string(),
+        ),
+        ("REDISCHED_LOG__LEVEL", "warn".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// A `redisched run` child process; killed on drop if still running.
+pub struct Bridge {
+    child: Child,
+    pub started: Instant,
+}
+
+impl Bridge {
+    pub fn start(env: &Env, config: &Config) -> Result<Self> {
+        let child = Command::new(&env.bridge_bin)
+            .arg("run")
+            .envs(env_for(config))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("spawn {} run", env.bridge_bin.display()))?;
+        Ok(Self {
+            child,
+            started: Instant::now(),
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident set size in KiB (`VmRSS` of /proc/<pid>/status).
+    pub fn rss_kib(&self) -> Option<u64> {
+        rss_kib(self.pid())
+    }
+
+    /// User + system CPU seconds the bridge used so far (/proc/<pid>/stat).
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        cpu_seconds(self.pid())
+    }
+
+    /// Fails if the bridge exited early (bad config, cannot connect…).
+    pub fn check_alive(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("the bridge exited early: {status}");
+        }
+        Ok(())
+    }
+
+    /// SIGTERM, then wait (graceful stop).
+    pub fn stop(mut self) -> Result<()> {
+        let pid = self.pid().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if self.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        bail!("the bridge did not stop within 20 s of SIGTERM")
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start at state (field 3).
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
+/// CPU seconds used so far by every process named `comm` (e.g. `beam.smp`).
+pub fn cpu_of_name(comm: &str) -> f64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm)
+        })
+        .filter_map(cpu_seconds)
+        .sum()
+}
+
+/// CPU seconds of RabbitMQ, Redis and this process, to say where a phase's time went.
+#[derive(Clone, Copy)]
+pub struct CpuMark {
+    rabbitmq: f64,
+    redis: f64,
+    bench: f64,
+    at: Instant,
+}
+
+impl CpuMark {
+    pub fn now() -> Self {
+        Self {
+            rabbitmq: cpu_of_name("beam.smp"),
+            redis: cpu_of_name("redis-server"),
+            bench: cpu_seconds(std::process::id()).unwrap_or(0.0),
+            at: Instant::now(),
+        }
+    }
+
+    /// CPU microseconds per item since `self`, by process (the bridge's if given).
+    pub fn per_item(&self, items: u64, bridge_cpu: Option<f64>) -> Value {
+        let end = Self::now();
+        let us = |s: f64| round2(s * 1e6 / items.max(1) as f64);
+        json!({
+            "wall_seconds": round2(end.at.duration_since(self.at).as_secs_f64()),
+            "rabbitmq_us": us(end.rabbitmq - self.rabbitmq),
+            "redis_us": us(end.redis - self.redis),
+            "bench_process_us": us(end.bench - self.bench),
+            "bridge_us": bridge_cpu.map(us),
+            "note": "CPU per item of each process during the phase; RabbitMQ and Redis are shared with other users of this machine",
+        })
+    }
+}
+
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+pub async fn amqp(url: &str) -> Result<Connection> {
+    Connection::connect(url, ConnectionProperties::default())
+        .await
+        .with_context(|| {
+            format!(
+                "connect to RabbitMQ at {} (bash scripts/services.sh starts it)",
+                redisched::config::redact_url(url)
+            )
+        })
+}
+
+pub async fn store(config: &Config) -> Result<Store> {
+    Store::connect(&config.connect_options(), config.limits())
+        .await
+        .with_context(|| {
+            format!(
+                "connect to Redis at {} (bash scripts/services.sh starts it)",
+                config.redis.url
+            )
+        })
+}
+
+pub fn durable_exchange() -> ExchangeDeclareOptions {
+    ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    }
+}
+
+/// A durable queue (persistent messages really go to disk) bound to `exchange` with `#`.
+pub async fn durable_queue(
+    channel: &Channel,
+    queue: &str,
+    exchange: &str,
+    args: FieldTable,
+) -> Result<()> {
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            args,
+        )
+        .await
+        .with_context(|| format!("declare queue {queue}"))?;
+    channel
+        .queue_bind(
+            queue.into(),
+            exchange.into(),
+            "#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("bind queue {queue}"))?;
+    Ok(())
+}
+
+pub async fn declare_exchange(channel: &Channel, exchange: &str) -> Result<()> {
+    channel
+        .exchange_declare(
+            exchange.into(),
+            ExchangeKind::Topic,
+            durable_exchange(),
+            FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("declare exchange {exchange}"))?;
+    Ok(())
+}
+
+/// Ready messages in a queue (passive declare).
+pub async fn queue_depth(channel: &Channel, queue: &str) -> Result<u32> {
+    let q = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("inspect queue {queue}"))?;
+    Ok(q.message_count())
+}
+
+/// What a run created, deleted at the end (also after a failure).
+pub struct Cleanup {
+    pub amqp_url: String,
+    pub redis_url: String,
+    pub queues: Vec<String>,
+    pub exchanges: Vec<String>,
+    pub prefixes: Vec<String>,
+}
+
+impl Cleanup {
+    pub fn for_config(config: &Config) -> Self {
+        let a = &config.amqp;
+        Self {
+            amqp_url: a.url.clone(),
+            redis_url: config.redis.url.clone(),
+            queues: vec![a.commands_queue.clone(), a.invalid_queue.clone()],
+            exchanges: vec![
+                a.commands_exchange.clone(),
+                a.invalid_exchange.clone(),
+                a.ready_exchange.clone(),
+            ],
+            prefixes: vec![config.redis.prefix.clone()],
+        }
+    }
+
+    pub async fn run(&self) {
+        if let Ok(connection) = amqp(&self.amqp_url).await {
+            if let Ok(channel) = connection.create_channel().await {
+                for queue in &self.queues {
+                    let _ = channel
+                        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                        .await;
+                }
+                for exchange in &self.exchanges {
+                    let _ = channel
+                        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+                        .await;
+                }
+            }
+            let _ = connection.close(200, "bench cleanup".into()).await;
+        }
+        for prefix in &self.prefixes {
+            if let Err(err) = delete_prefix(&self.redis_url, prefix).await {
+                eprintln!("  cleanup: could not delete Redis keys {prefix}:*: {err:#}");
+            }
+        }
+    }
+}
+
+/// Deletes every key under `prefix:` (SCAN + UNLINK).
+pub async fn delete_prefix(redis_url: &str, prefix: &str) -> Result<u64> {
+    let client = redis::Client::open(redis_url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let mut cursor: u64 = 0;
+    let mut deleted = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}:*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            let n: u64 = redis::cmd("UNLINK")
+                .arg(&keys)
+                .query_async(&mut conn)
+                .await?;
+            deleted += n;
+        }
+        if next == 0 {
+            return Ok(deleted);
+        }
+        cursor = next;
+    }
+}
+
+pub fn body(bytes: usize) -> Vec<u8> {
+    (0..bytes).map(|i| b'a' + (i % 26) as u8).collect()
+}
+
+pub fn job_id(kind: &str, n: u64) -> String {
+    format!("{kind}-{n:016}")
+}
+
+/// Puts `count` jobs (`kind-<n>`) through `Store::apply`, 1,000 per pipeline, 4 in flight.
+pub async fn load_jobs(
+    store: &Store,
+    topic: &Topic,
+    kind: &str,
+    count: u64,
+    body: &[u8],
+    due: Due,
+    label: &str,
+) -> Result<Duration> {
+    let started = Instant::now();
+    let batches: Vec<(u64, u64)> = (0..count)
+        .step_by(1000)
+        .map(|s| (s, (s + 1000).min(count)))
+        .collect();
+    let mut done = 0u64;
+    let mut results = stream::iter(batches.into_iter().map(|(from, to)| async move {
+        let ops = (from..to)
+            .map(|n| {
+                Ok(Op::Put(PutRequest {
+                    topic: topic.clone(),
+                    id: JobId::new(job_id(kind, n))?,
+                    body: body.to_vec(),
+                    meta: Vec::new(),
+                    due,
+                    mode: PutMode::Keep,
+                }))
+            })
+            .collect::<Result<Vec<Op>>>()?;
+        let applied = store.apply(&ops).await?;
+        if let Some(err) = applied.iter().find_map(|r| r.as_ref().err()) {
+            bail!("a put was refused: {err}");
+        }
+        Ok(ops.len() as u64)
+    }))
+    .buffer_unordered(4);
+    let mut ticker = Ticker::new();
+    while let Some(n) = results.next().await {
+        done += n?;
+        if ticker.due() {
+            progress(label, done, count, started);
+        }
+    }
+    progress_done(label, done, started);
+    Ok(started.elapsed())
+}
+
+/// Publishes `count` messages with confirms, at most `window` unconfirmed; `make(n)`
+/// gives routing key, properties and body. Returns when all are confirmed.
+pub async fn publish_confirmed<F>(
+    channel: &Channel,
+    exchange: &str,
+    count: u64,
+    window: usize,
+    label: &str,
+    make: F,
+) -> Result<Duration>
+where
+    F: Fn(u64) -> (String, BasicProperties, Vec<u8>),
+{
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .ok();
+    let permits = Arc::new(Semaphore::new(window));
+    let (tx, mut rx) =
+        mpsc::unbounded_channel::<(lapin::PublisherConfirm, tokio::sync::OwnedSemaphorePermit)>();
+    let confirmer = tokio::spawn(async move {
+        let mut refused = 0u64;
+        while let Some((confirm, permit)) = rx.recv().await {
+            match confirm.await {
+                Ok(lapin::Confirmation::Ack(None)) => {}
+                _ => refused += 1,
+            }
+            drop(permit);
+        }
+        refused
+    });
+    let started = Instant::now();
+    let mut ticker = Ticker::new();
+    for n in 0..count {
+        let permit = permits.clone().acquire_owned().await?;
+        let (key, props, body) = make(n);
+        let confirm = channel
+            .basic_publish(
+                exchange.into(),
+                key.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &body,
+                props,
+            )
+            .await
+            .context("publish")?;
+        let _ = tx.send((confirm, permit));
+        if ticker.due() {
+            progress(label, n, count, started);
+        }
+    }
+    drop(tx);
+    let refused = confirmer.await?;
+    if refused > 0 {
+        bail!("{refused} publishes were not confirmed (nack or unroutable)");
+    }
+    progress_done(label, count, started);
+    Ok(started.elapsed())
+}
+
+/// A put command as the wire contract defines it.
+pub fn command_props(id: &str, headers: &[(&str, AMQPValue)]) -> BasicProperties {
+    let mut table = FieldTable::default();
+    for (k, v) in headers {
+        table.insert((*k).into(), v.clone());
+    }
+    BasicProperties::default()
+        .with_message_id(id.into())
+        .with_delivery_mode(2)
+        .with_headers(table)
+}
+
+pub fn text(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s))
+}
+
+/// One delivery seen by a sink: arrival (epoch µs) and `x-redisched-due-at` if present.
+#[derive(Clone, Copy, Debug)]
+pub struct Arrival {
+    pub at_us: i64,
+    pub due_at_ms: Option<i64>,
+}
+
+/// A consumer (auto-ack, prefetch 2,000) counting deliveries and, if `record`, sending
+/// each one's arrival time.
+pub struct Sink {
+    pub count: Arc<AtomicU64>,
+    pub arrivals: mpsc::UnboundedReceiver<Arrival>,
+    channel: Channel,
+}
+
+impl Sink {
+    /// Closes the consumer's channel.
+    pub async fn stop(self) {
+        let _ = self.channel.close(200, "done".into()).await;
+    }
+}
+
+pub async fn sink(connection: &Connection, queue: &str, record: bool) -> Result<Sink> {
+    let channel = connection.create_channel().await?;
+    channel.basic_qos(2000, BasicQosOptions::default()).await?;
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("consume {queue}"))?;
+    let count = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = mpsc::unbounded_channel();
+    let counter = count.clone();
+    let handle = channel.clone();
+    tokio::spawn(async move {
+        while let Some(Ok(delivery)) = consumer.next().await {
+            let at_us = now_us();
+            counter.fetch_add(1, Ordering::Relaxed);
+            if record {
+                let due_at_ms = delivery
+                    .properties
+                    .headers()
+                    .as_ref()
+                    .and_then(|h| h.inner().get(redisched::amqp::headers::DUE_AT).cloned())
+                    .and_then(|v| match v {
+                        AMQPValue::LongLongInt(v) => Some(v),
+                        AMQPValue::LongInt(v) => Some(i64::from(v)),
+                        _ => None,
+                    });
+                if tx.send(Arrival { at_us, due_at_ms }).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    Ok(Sink {
+        count,
+        arrivals: rx,
+        channel: handle,
+    })
+}
+
+pub fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+/// Counts sampled over time: (seconds since start, rate per second in that interval).
+#[derive(Default, Clone)]
+pub struct Series {
+    pub points: Vec<(f64, f64)>,
+    last: Option<(f64, u64)>,
+}
+
+impl Series {
+    pub fn sample(&mut self, t: f64, total: u64) {
+        if let Some((t0, n0)) = self.last {
+            if t > t0 {
+                self.points
+                    .push((t, (total.saturating_sub(n0)) as f64 / (t - t0)));
+            }
+        }
+        self.last = Some((t, total));
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!(self
+            .points
+            .iter()
+            .map(|(t, r)| [(t * 100.0).round() / 100.0, r.round()])
+            .collect::<Vec<_>>())
+    }
+}
+
+/// A progress line at most every second.
+pub struct Ticker(Instant);
+
+impl Ticker {
+    pub fn new() -> Self {
+        Self(Instant::now())
+    }
+    pub fn due(&mut self) -> bool {
+        if self.0.elapsed() >= Duration::from_secs(1) {
+            self.0 = Instant::now();
+            true
+        } else {
+            false
+        }
+    }
+}
+
+pub fn progress(label: &str, done: u64, total: u64, started: Instant) {
+    let rate = done as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    eprint!(
+        "\r  {label}: {done}/{total} ({:.0}%, {rate:.0}/s)        ",
+        100.0 * done as f64 / total.max(1) as f64
+    );
+    let _ = std::io::stderr().flush();
+}
+
+pub fn progress_done(label: &str, done: u64, started: Instant) {
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "\r  {label}: {done} in {secs:.2} s ({:.0}/s)                    ",
+        done as f64 / secs.max(1e-9)
+    );
+}
+
+pub fn per_sec(n: u64, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64().max(1e-9)
+}
+
+pub fn ratio(value: f64, ceiling: f64) -> f64 {
+    if ceiling > 0.0 {
+        value / ceiling
+    } else {
+        0.0
+    }
+}
+
+/// Lateness percentiles in ms.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Lateness {
+    pub count: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+    pub early: usize,
+}
+
+impl Lateness {
+    /// `values` in ms (negative = early); sorts them.
+    pub fn of(values: &mut [f64]) -> Self {
+        values.sort_by(|a, b| a.total_cmp(b));
+        let q = |p: f64| -> f64 {
+            if values.is_empty() {
+                return 0.0;
+            }
+            let i = ((p * values.len() as f64).ceil() as usize).clamp(1, values.len()) - 1;
+            round2(values[i])
+        };
+        Self {
+            count: values.len(),
+            p50_ms: q(0.50),
+            p99_ms: q(0.99),
+            p999_ms: q(0.999),
+            max_ms: values.last().copied().map(round2).unwrap_or(0.0),
+            early: values.iter().filter(|v| **v < 0.0).count(),
+        }
+    }
+}
+
+pub fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+/// A small deterministic PRNG (splitmix64) for delays; no crate needed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..=max`.
+    pub fn below(&mut self, max: u64) -> u64 {
+        self.next_u64() % (max + 1)
+    }
+}
+
+/// Polls `check` every 50 ms until it is true or `timeout` passed (then fails).
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn topic(name: &str) -> Result<Topic> {
+    Topic::new(name).context("topic")
+}

@@ -1,0 +1,277 @@
+//! Scenario 2 (ingest throughput) and the AMQP half of scenario 6 (deletes by id).
+//!
+//! N commands wait in the commands queue before the bridge starts; timed from its
+//! start until the queue is empty and the store shows them applied. Ceiling, same run:
+//! a plain lapin consumer with the bridge's prefetch that only acks, on a queue with
+//! the same arguments filled by the same publishes (it is bound to the same exchange):
+//! one ack per message (the stated ceiling), and one multiple-ack per 100 messages.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use futures_util::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::Connection;
+use redisched::job::Due;
+use serde_json::{json, Value};
+
+use super::common::{self, Bridge, Cleanup, Env, Series, Ticker};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Put commands (due in an hour, so dispatch stays idle).
+    Put,
+    /// Delete commands for jobs loaded beforehand through the store.
+    Delete,
+}
+
+impl Kind {
+    fn label(self) -> &'static str {
+        match self {
+            Kind::Put => "ingest",
+            Kind::Delete => "cancel-amqp",
+        }
+    }
+}
+
+pub struct Params {
+    pub commands: u64,
+    pub body_bytes: usize,
+}
+
+pub async fn run(env: &Env, kind: Kind, params: &Params) -> Result<Value> {
+    let config = common::bench_config(env, kind.label());
+    let name = config.redis.prefix.clone();
+    let mut cleanup = Cleanup::for_config(&config);
+    for queue in ["ceiling1", "ceilingm", "ceiling1b"] {
+        cleanup.queues.push(format!("{name}.{queue}"));
+    }
+    eprintln!(
+        "{}: {} commands (names {name}.*)",
+        kind.label(),
+        params.commands
+    );
+    let result = measure(env, kind, params, &config, &name).await;
+    cleanup.run().await;
+    result
+}
+
+async fn measure(
+    env: &Env,
+    kind: Kind,
+    params: &Params,
+    config: &redisched::config::Config,
+    name: &str,
+) -> Result<Value> {
+    let n = params.commands;
+    let prefetch = config.ingest.prefetch;
+    let connection = common::amqp(&env.amqp_url).await?;
+    let setup = connection.create_channel().await?;
+    redisched::amqp::declare_topology(&setup, &config.amqp).await?;
+    // Same arguments as the commands queue (single active consumer, durable).
+    let mut args = FieldTable::default();
+    args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+    let single = format!("{name}.ceiling1");
+    let multiple = format!("{name}.ceilingm");
+    let single_after = format!("{name}.ceiling1b");
+    for queue in [&single, &multiple, &single_after] {
+        common::durable_queue(&setup, queue, &config.amqp.commands_exchange, args.clone()).await?;
+    }
+
+    let store = common::store(config).await?;
+    let topic = common::topic("bench")?;
+    let body = common::body(params.body_bytes);
+    if kind == Kind::Delete {
+        common::load_jobs(
+            &store,
+            &topic,
+            "job",
+            n,
+            &body,
+            Due::Delay(3_600_000),
+            "load jobs to delete",
+        )
+        .await?;
+    }
+    let publisher = connection.create_channel().await?;
+    let command_body = if kind == Kind::Put {
+        body.clone()
+    } else {
+        Vec::new()
+    };
+    common::publish_confirmed(
+        &publisher,
+        &config.amqp.commands_exchange,
+        n,
+        1000,
+        "publish commands (4 queues)",
+        |i| {
+            let id = common::job_id("job", i);
+            let props = match kind {
+                Kind::Put => common::command_props(
+                    &id,
+                    &[(
+                        redisched::amqp::headers::DELAY,
+                        AMQPValue::LongLongInt(3_600_000),
+                    )],
+                ),
+                Kind::Delete => common::command_props(
+                    &id,
+                    &[(redisched::amqp::headers::OP, common::text("delete"))],
+                ),
+            };
+            ("bench".to_string(), props, command_body.clone())
+        },
+    )
+    .await?;
+    let _ = publisher.close(200, "done".into()).await;
+
+    let mark = common::CpuMark::now();
+    let (single_time, single_series) =
+        consume_and_ack(&connection, &single, prefetch, n, 1).await?;
+    let ceiling_cpu = mark.per_item(n, None);
+    let (multiple_time, _) = consume_and_ack(&connection, &multiple, prefetch, n, 100).await?;
+    let single_before = common::per_sec(n, single_time);
+    let multiple_rate = common::per_sec(n, multiple_time);
+    eprintln!("  ceiling: {single_before:.0}/s one ack per message, {multiple_rate:.0}/s one multiple-ack per 100");
+
+    let mark = common::CpuMark::now();
+    let mut bridge = Bridge::start(env, config)?;
+    let started = bridge.started;
+    let mut series = Series::default();
+    series.sample(0.0, 0);
+    let mut ticker = Ticker::new();
+    let mut last_sample = Instant::now();
+    let commands_queue = config.amqp.commands_queue.clone();
+    loop {
+        let records = store.stats(&topic).await?.records;
+        let applied = match kind {
+            Kind::Put => records,
+            Kind::Delete => n.saturating_sub(records),
+        };
+        if last_sample.elapsed() >= Duration::from_millis(250) {
+            last_sample = Instant::now();
+            series.sample(started.elapsed().as_secs_f64(), applied);
+            bridge.check_alive()?;
+        }
+        if ticker.due() {
+            common::progress("applied", applied, n, started);
+        }
+        if applied >= n && common::queue_depth(&setup, &commands_queue).await? == 0 {
+            common::progress_done("applied", applied, started);
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(900) {
+            bail!("only {applied} of {n} commands applied after 900 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let bridge_time = started.elapsed();
+    let bridge_cpu = mark.per_item(n, bridge.cpu_seconds());
+    series.sample(bridge_time.as_secs_f64(), n);
+    let rss = bridge.rss_kib();
+    let cpu = bridge.cpu_seconds();
+    bridge.stop()?;
+    // The one-ack ceiling again after the bridge (the machine is shared): the mean counts.
+    let (single_after_time, _) =
+        consume_and_ack(&connection, &single_after, prefetch, n, 1).await?;
+    let single_after_rate = common::per_sec(n, single_after_time);
+    let single_rate = (single_before + single_after_rate) / 2.0;
+    let bridge_rate = common::per_sec(n, bridge_time);
+    let ratio = common::ratio(bridge_rate, single_rate);
+    eprintln!(
+        "  bridge: {bridge_rate:.0} commands/s ({:.0}% of the one-ack ceiling)",
+        ratio * 100.0
+    );
+    let _ = connection.close(200, "bye".into()).await;
+    Ok(json!({
+        "commands": n,
+        "op": if kind == Kind::Put { "put" } else { "delete" },
+        "body_bytes": if kind == Kind::Put { params.body_bytes } else { 0 },
+        "prefetch": prefetch,
+        "batch": config.ingest.batch,
+        "bridge": {
+            "seconds": common::round2(bridge_time.as_secs_f64()),
+            "commands_per_s": bridge_rate.round(),
+            "rss_kib_after": rss,
+            "cpu_seconds": cpu.map(common::round2),
+            "cpu_per_command": bridge_cpu,
+            "series": series.to_json(),
+        },
+        "ceiling": {
+            "what": "lapin consumer, same prefetch and queue arguments, acks only",
+            "one_ack_per_message_per_s": single_rate.round(),
+            "one_ack_before_and_after_per_s": [single_before.round(), single_after_rate.round()],
+            "multiple_ack_per_100_per_s": multiple_rate.round(),
+            "cpu_per_msg_one_ack": ceiling_cpu,
+            "series": single_series.to_json(),
+        },
+        "ratio": common::round2(ratio),
+        "ratio_to_multiple_ack": common::round2(common::ratio(bridge_rate, multiple_rate)),
+        "target_ratio": 0.8,
+    }))
+}
+
+/// Consumes `n` messages with `prefetch`, acking every `ack_every`-th (multiple) or each.
+async fn consume_and_ack(
+    connection: &Connection,
+    queue: &str,
+    prefetch: u16,
+    n: u64,
+    ack_every: u64,
+) -> Result<(Duration, Series)> {
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
+    let label = if ack_every == 1 {
+        "ceiling: consume + ack each".to_string()
+    } else {
+        format!("ceiling: consume + multiple-ack per {ack_every}")
+    };
+    let started = Instant::now();
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("consume {queue}"))?;
+    let mut series = Series::default();
+    series.sample(0.0, 0);
+    let mut ticker = Ticker::new();
+    let mut last_sample = Instant::now();
+    let mut got = 0u64;
+    while got < n {
+        let next = tokio::time::timeout(Duration::from_secs(60), consumer.next()).await;
+        let delivery = match next {
+            Ok(Some(delivery)) => delivery?,
+            Ok(None) => bail!("consumer on {queue} ended"),
+            Err(_) => bail!("no message on {queue} for 60 s ({got} of {n})"),
+        };
+        got += 1;
+        if got.is_multiple_of(ack_every) || got == n {
+            delivery
+                .acker
+                .ack(BasicAckOptions {
+                    multiple: ack_every > 1,
+                })
+                .await?;
+        }
+        if last_sample.elapsed() >= Duration::from_millis(250) {
+            last_sample = Instant::now();
+            series.sample(started.elapsed().as_secs_f64(), got);
+        }
+        if ticker.due() {
+            common::progress(&label, got, n, started);
+        }
+    }
+    let elapsed = started.elapsed();
+    series.sample(elapsed.as_secs_f64(), n);
+    common::progress_done(&label, n, started);
+    let _ = channel.close(200, "done".into()).await;
+    Ok((elapsed, series))
+}
