@@ -191,7 +191,8 @@ impl Default for LogConfig {
     fn default() -> Self {
         Self {
             format: "human".into(),
-            level: "info".into(),
+            // lapin logs every returned message, body included; ours says it once.
+            level: "info,lapin::returned_messages=error".into(),
         }
     }
 }

@@ -159,12 +159,7 @@ impl Store {
             .scripts
             .all()
             .iter()
-            .map(|script| {
-                let mut pipe = redis::pipe();
-                pipe.load_script(script);
-                let cmd = pipe.cmd_iter().next().cloned();
-                cmd.unwrap_or_else(|| redis::cmd("PING"))
-            })
+            .map(|script| single_command(|pipe| pipe.load_script(script)))
             .collect();
         self.query_each(loads).await?;
         Ok(())
@@ -370,12 +365,7 @@ impl Store {
     async fn invoke_each(&self, invocations: &[redis::ScriptInvocation<'_>]) -> Result<Vec<Value>, StoreError> {
         let commands: Vec<redis::Cmd> = invocations
             .iter()
-            .map(|inv| {
-                let mut pipe = redis::pipe();
-                pipe.invoke_script(inv);
-                let cmd = pipe.cmd_iter().next().cloned();
-                cmd.unwrap_or_else(|| redis::cmd("PING"))
-            })
+            .map(|inv| single_command(|pipe| pipe.invoke_script(inv)))
             .collect();
         match self.query_each(commands.clone()).await {
             Err(err) if error::is_noscript(&err) => {
@@ -419,27 +409,13 @@ impl Store {
                 invocations.push(inv);
             }
         }
-        for attempt in 0..2 {
-            let commands: Vec<redis::Cmd> = invocations
-                .iter()
-                .map(|inv| {
-                    let mut pipe = redis::pipe();
-                    pipe.invoke_script(inv);
-                    let cmd = pipe.cmd_iter().next().cloned();
-                    cmd.unwrap_or_else(|| redis::cmd("PING"))
-                })
-                .collect();
-            match self.query_each(commands).await {
-                Ok(counts) => {
-                    let counts: Vec<u64> = counts.into_iter().map(|v| redis::from_redis_value(v).unwrap_or(0)).collect();
-                    return Ok(counts.iter().sum());
-                }
-                // Releasing twice is harmless: the second finds nothing to delete.
-                Err(err) if error::is_noscript(&err) && attempt == 0 => self.load_scripts().await?,
-                Err(err) => return Err(err.into()),
-            }
-        }
-        Err(StoreError::bad_reply("release", "scripts could not be loaded"))
+        // Releasing twice is harmless (the second finds nothing), so a retry after
+        // NOSCRIPT in `invoke_each` is safe.
+        let counts = self.invoke_each(&invocations).await?;
+        Ok(counts
+            .into_iter()
+            .map(|v| redis::from_redis_value::<u64>(v).unwrap_or(0))
+            .sum())
     }
 
     /// Runs independent single-key commands, in one round trip on a standalone Redis,
@@ -648,6 +624,15 @@ impl Store {
         let _: String = redis::cmd("PING").query_async(&mut self.conn.clone()).await?;
         Ok(())
     }
+}
+
+/// The one command a pipeline builder adds (the redis crate builds EVALSHA and
+/// SCRIPT LOAD only through pipelines or invocations).
+fn single_command(add: impl FnOnce(&mut redis::Pipeline) -> &mut redis::Pipeline) -> redis::Cmd {
+    let mut pipe = redis::pipe();
+    add(&mut pipe);
+    let cmd = pipe.cmd_iter().next().cloned();
+    cmd.unwrap_or_else(|| redis::cmd("PING"))
 }
 
 fn decode_applied(op: &Op, value: Value) -> Result<Applied, StoreError> {
