@@ -293,19 +293,19 @@ fn machine() -> Value {
 
 fn num(v: &Value) -> String {
     match v.as_f64() {
-        Some(x) if x >= 10_000.0 => {
+        Some(x) if x >= 1_000.0 => {
             let s = format!("{:.0}", x);
             let mut out = String::new();
             for (i, c) in s.chars().enumerate() {
-                if i > 0 && (s.len() - i) % 3 == 0 {
+                if i > 0 && (s.len() - i).is_multiple_of(3) {
                     out.push(',');
                 }
                 out.push(c);
             }
             out
         }
-        Some(x) if x.fract() == 0.0 => format!("{x:.0}"),
-        Some(x) => format!("{x}"),
+        Some(x) if x.fract() == 0.0 || x >= 100.0 => format!("{x:.0}"),
+        Some(x) => format!("{x:.2}"),
         None => "-".into(),
     }
 }
@@ -381,7 +381,16 @@ fn print_table(r: &Value) {
                 num(&l["max_ms"]),
                 l["early"]
             ),
-            "-".into(),
+            {
+                let f = &rate["floor_lateness_ms"];
+                format!(
+                    "{} / {} / {} / {} (timer -> publish -> consume floor)",
+                    num(&f["p50_ms"]),
+                    num(&f["p99_ms"]),
+                    num(&f["p999_ms"]),
+                    num(&f["max_ms"])
+                )
+            },
             "-".into(),
             match rate["target_p99_ms"].as_f64() {
                 Some(t) => format!("p99 <= {t} ms, 0 early"),
@@ -461,9 +470,14 @@ fn print_table(r: &Value) {
             );
         }
         println!(
-            "| Redis bytes per delayed job ({} B body, {} B id) | see the store table | {} (INFO delta), {} (MEMORY USAGE) |",
+            "| Redis bytes per delayed job ({} B body, {} B id) | {} | {} (INFO delta), {} (MEMORY USAGE) |",
             m["body_bytes"],
             m["id_bytes"],
+            r["store"]["memory"]
+                .as_array()
+                .and_then(|a| a.last())
+                .map(|x| format!("{} (INFO delta at {} jobs)", num(&x["bytes_per_job"]), num(&x["jobs"])))
+                .unwrap_or_else(|| "see the store bench".into()),
             num(&m["redis_bytes_per_job_info_delta"]),
             num(&m["redis_bytes_per_job_memory_usage"])
         );

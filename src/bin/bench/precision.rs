@@ -152,6 +152,19 @@ async fn measure(
             stats.count, stats.p50_ms, stats.p99_ms, stats.p999_ms, stats.max_ms, stats.early
         );
         let cdf = cdf_points(&lateness);
+        let floor = timer_floor(
+            &publisher,
+            &config.amqp.ready_exchange,
+            &mut sink,
+            rate,
+            params,
+            &mut rng,
+        )
+        .await?;
+        eprintln!(
+            "  {label} floor (bench timer -> publish -> consumer, no Redis, no bridge): p50 {} ms, p99 {} ms, p99.9 {} ms, max {} ms",
+            floor.p50_ms, floor.p99_ms, floor.p999_ms, floor.max_ms
+        );
         let target = match rate {
             r if r <= 1000 => Some(10.0),
             r if r <= 5000 => Some(50.0),
@@ -162,6 +175,7 @@ async fn measure(
             "achieved_publish_rate_per_s": (total as f64 / publish_secs).round(),
             "publisher_max_behind": behind_max,
             "lateness_ms": stats,
+            "floor_lateness_ms": floor,
             "target_p99_ms": target,
             "cdf": cdf,
         }));
@@ -176,6 +190,79 @@ async fn measure(
         "bridge_rss_kib_after": rss,
         "rates": results,
     }))
+}
+
+/// The machine's own floor for the same schedule, in the same run: a timer in this
+/// process publishes each message at its due time straight to the ready exchange and
+/// the same consumer measures it. What the bridge adds is the difference.
+async fn timer_floor(
+    publisher: &lapin::Channel,
+    exchange: &str,
+    sink: &mut common::Sink,
+    rate: u64,
+    params: &Params,
+    rng: &mut Rng,
+) -> Result<Lateness> {
+    let total = (rate as f64 * params.seconds).round() as u64;
+    // Due offsets from the start in µs: submitted at i/rate s, plus a random delay.
+    let mut due: Vec<i64> = (0..total)
+        .map(|i| {
+            (i as f64 * 1e6 / rate as f64) as i64 + rng.below(params.max_delay_ms) as i64 * 1000
+        })
+        .collect();
+    due.sort_unstable();
+    // Start on a whole millisecond so due times in ms are exact.
+    let start_us = (common::now_us() / 1000 + 5) * 1000;
+    let start = Instant::now() + Duration::from_micros((start_us - common::now_us()).max(0) as u64);
+    let body = common::body(params.body_bytes);
+    let mut next = 0usize;
+    while next < due.len() {
+        // Round each due time up to the next ms, as the store keeps ms.
+        let due_ms = ceil_ms(start_us + due[next]);
+        let wake = start + Duration::from_micros((due_ms * 1000 - start_us).max(0) as u64);
+        tokio::time::sleep_until(wake.into()).await;
+        let now_ms = common::now_us() / 1000;
+        while next < due.len() && ceil_ms(start_us + due[next]) <= now_ms {
+            let due_at = ceil_ms(start_us + due[next]);
+            let props = common::command_props(
+                &format!("floor-{next}"),
+                &[(
+                    redisched::amqp::headers::DUE_AT,
+                    AMQPValue::LongLongInt(due_at),
+                )],
+            );
+            // Its confirm is not awaited: delivery to consumers does not wait for it.
+            let confirm = publisher
+                .basic_publish(
+                    exchange.into(),
+                    "floor".into(),
+                    BasicPublishOptions::default(),
+                    &body,
+                    props,
+                )
+                .await?;
+            drop(confirm);
+            next += 1;
+        }
+    }
+    let mut lateness = Vec::with_capacity(total as usize);
+    while (lateness.len() as u64) < total {
+        match tokio::time::timeout(Duration::from_secs(30), sink.arrivals.recv()).await {
+            Ok(Some(arrival)) => {
+                if let Some(due) = arrival.due_at_ms {
+                    lateness.push(arrival.at_us as f64 / 1000.0 - due as f64);
+                }
+            }
+            Ok(None) => bail!("the consumer stopped"),
+            Err(_) => bail!("floor: only {} of {total} messages arrived", lateness.len()),
+        }
+    }
+    Ok(Lateness::of(&mut lateness))
+}
+
+/// Epoch µs rounded up to whole ms.
+fn ceil_ms(us: i64) -> i64 {
+    (us + 999).div_euclid(1000)
 }
 
 /// About 200 points of the sorted lateness: `[ms, fraction ≤ ms]`.
