@@ -28,6 +28,8 @@ pub mod exit {
     pub const REFUSED: u8 = 4;
     /// Anything else: an unexpected reply, or the bridge stopped with an error.
     pub const FAILED: u8 = 5;
+    /// `check` found problems it did not repair.
+    pub const PROBLEMS: u8 = 6;
 }
 
 const EXIT_CODES_HELP: &str = "\
@@ -38,6 +40,7 @@ Exit codes:
   3  Redis unreachable
   4  refused by the store (e.g. body too large, delay too long)
   5  unexpected failure
+  6  `check` found problems it did not repair
 
 Configuration: built-in defaults < --config FILE (TOML) < REDISCHED_* environment
 variables, with `__` between levels (REDISCHED_REDIS__URL, REDISCHED_DISPATCH__TTR_MS, …).
@@ -90,6 +93,20 @@ pub enum Command {
     },
     /// Count jobs per topic: scheduled, due now, reserved (all topics when none is given)
     Stats { topic: Option<Topic> },
+    /// Verify the store's invariants (fsck) for one topic or all; --repair fixes them
+    #[command(
+        after_help = "Reports (and with --repair fixes) keys of the wrong type, unreadable \
+        records, records in neither or both of scheduled/reserved, and set members without a \
+        record. Repair never deletes data: what it cannot fix goes to <prefix>:{topic}:damaged. \
+        Safe to run beside live bridges. Exit code 6 when problems were found and not repaired."
+    )]
+    Check {
+        /// The topic to check (all known topics when omitted)
+        topic: Option<Topic>,
+        /// Fix what is found instead of only reporting it
+        #[arg(long)]
+        repair: bool,
+    },
     /// Print the merged configuration with secrets redacted; fail naming a bad key
     CheckConfig {
         /// Output format (--json implies json)
@@ -163,6 +180,9 @@ pub enum CliError {
     Refused(Rejection),
     #[error("{0}")]
     Failed(String),
+    /// `check` found problems it did not repair; the report is printed as the error.
+    #[error("{}", .0.human)]
+    Problems(Box<Output>),
 }
 
 impl CliError {
@@ -173,11 +193,18 @@ impl CliError {
             CliError::Unavailable(_) => exit::UNAVAILABLE,
             CliError::Refused(_) => exit::REFUSED,
             CliError::Failed(_) => exit::FAILED,
+            CliError::Problems(_) => exit::PROBLEMS,
         }
     }
 
     /// The error as `--json` prints it.
     pub fn to_json(&self) -> Value {
+        if let CliError::Problems(output) = self {
+            let mut value = output.json.clone();
+            value["error"] = json!("problems found and not repaired");
+            value["kind"] = json!("problems");
+            return value;
+        }
         let kind = match self {
             CliError::Usage(_) => "usage",
             CliError::Config(_) => "config",
@@ -185,6 +212,7 @@ impl CliError {
             CliError::Unavailable(_) => "unavailable",
             CliError::Refused(_) => "refused",
             CliError::Failed(_) => "failed",
+            CliError::Problems(_) => "problems",
         };
         let mut value = json!({ "error": self.to_string(), "kind": kind });
         match self {
@@ -271,6 +299,9 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
             offset,
         } => list(&connect(&config).await?, topic, *limit, *offset).await,
         Command::Stats { topic } => stats(&connect(&config).await?, topic.as_ref()).await,
+        Command::Check { topic, repair } => {
+            check(&connect(&config).await?, topic.as_ref(), *repair).await
+        }
     }
 }
 
@@ -500,6 +531,65 @@ async fn stats(store: &Store, topic: Option<&Topic>) -> Result<Output, CliError>
         out.trim_end().to_string()
     };
     Ok(Output { json, human })
+}
+
+async fn check(store: &Store, topic: Option<&Topic>, repair: bool) -> Result<Output, CliError> {
+    let topics = match topic {
+        Some(topic) => vec![topic.clone()],
+        None => store.topics().await?,
+    };
+    let mut reports = Vec::with_capacity(topics.len());
+    for topic in &topics {
+        reports.push(store.check(topic, repair).await?);
+    }
+    let found: usize = reports.iter().map(|r| r.problems.len()).sum();
+    let unrepaired: usize = reports.iter().map(|r| r.unrepaired()).sum();
+    let examined: u64 = reports.iter().map(|r| r.examined).sum();
+    let json = json!({
+        "repair": repair,
+        "topics": reports,
+        "examined": examined,
+        "problems": found,
+        "unrepaired": unrepaired,
+    });
+    let mut human = String::new();
+    for report in &reports {
+        human.push_str(&format!(
+            "{}: {} entries, {} problem(s){}\n",
+            report.topic,
+            report.examined,
+            report.problems.len(),
+            if report.damaged > 0 {
+                format!(", {} entries set aside in its damaged hash", report.damaged)
+            } else {
+                String::new()
+            }
+        ));
+        for p in &report.problems {
+            human.push_str(&format!(
+                "  {:<17} {:<24} {}{}\n",
+                p.kind,
+                p.id,
+                p.detail,
+                if p.repaired { "  [repaired]" } else { "" }
+            ));
+        }
+    }
+    human.push_str(&format!(
+        "{} topic(s), {examined} entries checked: {}",
+        reports.len(),
+        match (found, unrepaired) {
+            (0, _) => "the store is sound".to_string(),
+            (n, 0) => format!("{n} problem(s), all repaired"),
+            (n, u) if repair => format!("{n} problem(s), {u} not repaired"),
+            (n, _) => format!("{n} problem(s); run with --repair to fix them"),
+        }
+    ));
+    let output = Output { json, human };
+    if unrepaired > 0 {
+        return Err(CliError::Problems(Box::new(output)));
+    }
+    Ok(output)
 }
 
 /// Epoch ms as RFC 3339 UTC with milliseconds.

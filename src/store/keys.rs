@@ -5,6 +5,7 @@
 //! <prefix>:{<topic>}:reserved   ZSET  id -> reservation deadline, epoch ms
 //! <prefix>:{<topic>}:jobs       HASH  id -> job record
 //! <prefix>:{<topic>}:seq        STRING reservation token counter
+//! <prefix>:{<topic>}:damaged    HASH  what `redisched check --repair` set aside (check.lua only)
 //! <prefix>:topics               SET   known topics (own slot; never touched by scripts)
 //! <prefix>:notify               Pub/Sub channel: '<due_at>|<topic>' when a topic's head moves earlier
 //! ```
@@ -42,6 +43,12 @@ impl KeySpace {
             format!("{base}:jobs"),
             format!("{base}:seq"),
         ])
+    }
+
+    /// Where `check.lua` sets aside what it cannot repair; same hash tag as the
+    /// topic's other keys.
+    pub fn damaged(&self, topic: &Topic) -> String {
+        format!("{}:{{{}}}:damaged", self.prefix, topic.as_str())
     }
 
     pub fn topics(&self) -> String {

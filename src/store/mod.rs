@@ -4,6 +4,7 @@
 //! bridge, the CLI and the HTTP API do to jobs goes through [`Store`], and through the
 //! same scripts any other Redis client can call (see `lua/README.md`).
 
+mod check;
 mod conn;
 mod error;
 mod keys;
@@ -20,6 +21,7 @@ use crate::job::{
     Due, JobId, JobInfo, JobState, PutMode, PutOutcome, PutStatus, ReservedJob, Topic,
     TopicStats,
 };
+pub use check::{CheckReport, Problem, CHECK_STEP};
 pub use conn::{cluster_seeds, Conn, CLUSTER_SCHEME};
 pub use error::{RejectCode, Rejection, StoreError};
 pub use keys::{KeySpace, TopicKeys};
@@ -356,24 +358,81 @@ impl Store {
                 inv
             })
             .collect();
-        let values = self.invoke_each(&invocations).await?;
-        values.into_iter().map(|value| decode_batch("reserve", value)).collect()
+        let replies = self.invoke_each(&invocations).await?;
+        let mut batches = Vec::with_capacity(topics.len());
+        let mut skipped = Vec::new();
+        for (topic, reply) in topics.iter().zip(replies) {
+            match per_topic("reserve", topic, reply)? {
+                Some(value) => batches.push(decode_batch("reserve", value)?),
+                None => {
+                    skipped.push(batches.len());
+                    batches.push(Batch { now: 0, next_due: None, jobs: Vec::new(), corrupt: Vec::new() });
+                }
+            }
+        }
+        // A refused topic gets an empty batch (nothing due that can be taken), with the
+        // clock reading of the others so callers may still observe it.
+        if !skipped.is_empty() {
+            let now = match batches.iter().map(|b| b.now).max() {
+                Some(now) if now > 0 => now,
+                _ => self.server_time().await?,
+            };
+            for index in skipped {
+                batches[index].now = now;
+            }
+        }
+        Ok(batches)
     }
 
     /// Runs script invocations with [`Store::query_each`], loading the scripts once if
     /// Redis lost them (a restart, a failover to a replica).
-    async fn invoke_each(&self, invocations: &[redis::ScriptInvocation<'_>]) -> Result<Vec<Value>, StoreError> {
+    ///
+    /// Each reply stands on its own: a call that Redis refused (a topic with a key of
+    /// the wrong type, say) is an `Err` in its place and the others still count, so one
+    /// damaged topic cannot fail a whole group. An unreachable Redis fails the lot.
+    async fn invoke_each(&self, invocations: &[redis::ScriptInvocation<'_>]) -> Result<Vec<redis::RedisResult<Value>>, StoreError> {
         let commands: Vec<redis::Cmd> = invocations
             .iter()
             .map(|inv| single_command(|pipe| pipe.invoke_script(inv)))
             .collect();
-        match self.query_each(commands.clone()).await {
-            Err(err) if error::is_noscript(&err) => {
-                self.load_scripts().await?;
-                Ok(self.query_each(commands).await?)
+        let mut replies = self.query_each_reply(commands.clone()).await?;
+        let lost: Vec<usize> = (0..replies.len())
+            .filter(|&i| matches!(&replies[i], Err(err) if error::is_noscript(err)))
+            .collect();
+        if !lost.is_empty() {
+            // Only the calls that met an empty script cache run again: they did nothing.
+            self.load_scripts().await?;
+            let again = lost.iter().map(|&i| commands[i].clone()).collect();
+            for (i, reply) in lost.into_iter().zip(self.query_each_reply(again).await?) {
+                replies[i] = reply;
             }
-            other => Ok(other?),
         }
+        Ok(replies)
+    }
+
+    /// [`Store::query_each`] with one result per command: a command's own error does not
+    /// hide the replies of the others.
+    async fn query_each_reply(&self, commands: Vec<redis::Cmd>) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
+        if let Conn::Single(_) = self.conn.current() {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for command in commands {
+                pipe.add_command(command);
+            }
+            let values: Vec<Value> = pipe.query_async(&mut self.conn.clone()).await?;
+            return Ok(values
+                .into_iter()
+                .map(|value| match value {
+                    Value::ServerError(err) => Err(redis::RedisError::from(err)),
+                    value => Ok(value),
+                })
+                .collect());
+        }
+        Ok(futures_util::future::join_all(commands.into_iter().map(|command| {
+            let mut conn = self.conn.clone();
+            async move { command.query_async::<Value>(&mut conn).await }
+        }))
+        .await)
     }
 
     /// Takes up to `limit` due jobs and deletes them at once. See `lua/pull.lua`.
@@ -411,11 +470,11 @@ impl Store {
         }
         // Releasing twice is harmless (the second finds nothing), so a retry after
         // NOSCRIPT in `invoke_each` is safe.
-        let counts = self.invoke_each(&invocations).await?;
-        Ok(counts
-            .into_iter()
-            .map(|v| redis::from_redis_value::<u64>(v).unwrap_or(0))
-            .sum())
+        let mut total = 0;
+        for reply in self.invoke_each(&invocations).await? {
+            total += redis::from_redis_value::<u64>(reply?).unwrap_or(0);
+        }
+        Ok(total)
     }
 
     /// Runs independent single-key commands, in one round trip on a standalone Redis,
@@ -481,10 +540,15 @@ impl Store {
                 inv
             })
             .collect();
-        let values = self.invoke_each(&invocations).await?;
-        values
-            .into_iter()
-            .map(|value| {
+        let replies = self.invoke_each(&invocations).await?;
+        topics
+            .iter()
+            .zip(replies)
+            .map(|(topic, reply)| {
+                // A refused topic requeues nothing (and is logged).
+                let Some(value) = per_topic("requeue", topic, reply)? else {
+                    return Ok(Requeued { count: 0, next_deadline: None });
+                };
                 let mut reply = Reader::new("requeue", value)?;
                 Ok(Requeued {
                     count: u64::try_from(reply.int("count")?).unwrap_or(0),
@@ -577,7 +641,12 @@ impl Store {
             })
             .collect();
         let mut heads = Vec::with_capacity(topics.len());
-        for value in self.query_each(commands).await? {
+        for (topic, reply) in topics.iter().zip(self.query_each_reply(commands).await?) {
+            // A topic whose schedule cannot be read has nothing due that can be taken.
+            let Some(value) = per_topic("next_due_times", topic, reply)? else {
+                heads.push(None);
+                continue;
+            };
             let head: Vec<(String, f64)> = redis::from_redis_value(value)
                 .map_err(|e| StoreError::bad_reply("next_due_times", e.to_string()))?;
             heads.push(head.first().map(|(_, score)| *score as i64));
@@ -633,6 +702,23 @@ fn single_command(add: impl FnOnce(&mut redis::Pipeline) -> &mut redis::Pipeline
     add(&mut pipe);
     let cmd = pipe.cmd_iter().next().cloned();
     cmd.unwrap_or_else(|| redis::cmd("PING"))
+}
+
+/// One topic's reply in a multi-topic call: `None` when Redis refused the call for this
+/// topic (damaged data: a key of the wrong type, an unreadable record), which is logged
+/// so an operator runs `redisched check`; the other topics go on. An unavailable Redis
+/// is an error for the whole call.
+fn per_topic(what: &str, topic: &Topic, reply: redis::RedisResult<Value>) -> Result<Option<Value>, StoreError> {
+    match reply {
+        Ok(value) => Ok(Some(value)),
+        Err(err) => match StoreError::from(err) {
+            StoreError::Rejected(rejection) => {
+                tracing::error!(%topic, %rejection, "{what}: Redis refused this topic's call; skipping it (run `redisched check {topic}`)");
+                Ok(None)
+            }
+            other => Err(other),
+        },
+    }
 }
 
 fn decode_applied(op: &Op, value: Value) -> Result<Applied, StoreError> {

@@ -14,10 +14,11 @@ pub struct Scripts {
     pub get: Script,
     pub stats: Script,
     pub list: Script,
+    pub check: Script,
 }
 
 /// Script sources by file name, for `SCRIPT LOAD` and for tests that call them raw.
-pub const SOURCES: [(&str, &str); 10] = [
+pub const SOURCES: [(&str, &str); 11] = [
     ("put", include_str!("../../lua/put.lua")),
     ("delete", include_str!("../../lua/delete.lua")),
     ("reserve", include_str!("../../lua/reserve.lua")),
@@ -28,11 +29,12 @@ pub const SOURCES: [(&str, &str); 10] = [
     ("get", include_str!("../../lua/get.lua")),
     ("stats", include_str!("../../lua/stats.lua")),
     ("list", include_str!("../../lua/list.lua")),
+    ("check", include_str!("../../lua/check.lua")),
 ];
 
 impl Scripts {
     pub fn new() -> Self {
-        let [put, delete, reserve, pull, release, retry, requeue, get, stats, list] =
+        let [put, delete, reserve, pull, release, retry, requeue, get, stats, list, check] =
             SOURCES.map(|(_, source)| Script::new(source));
         Self {
             put,
@@ -45,10 +47,11 @@ impl Scripts {
             get,
             stats,
             list,
+            check,
         }
     }
 
-    pub fn all(&self) -> [&Script; 10] {
+    pub fn all(&self) -> [&Script; 11] {
         [
             &self.put,
             &self.delete,
@@ -60,6 +63,7 @@ impl Scripts {
             &self.get,
             &self.stats,
             &self.list,
+            &self.check,
         ]
     }
 }
