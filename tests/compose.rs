@@ -81,7 +81,7 @@ fn every_redisched_variable_in_compose_loads_into_its_config_key() {
         );
     }
     figment::Jail::expect_with(|jail| {
-        // Nothing from the test environment may leak in (e.g. REDISCHED_TEST_REDIS_URL).
+        // Nothing from the test environment may leak in (e.g. TEST_REDIS_URL).
         jail.clear_env();
         for (name, value) in &vars {
             jail.set_env(name, value);

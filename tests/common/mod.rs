@@ -7,16 +7,16 @@ use std::time::Duration;
 
 use redisched::store::{ConnectOptions, Limits, Store};
 
-pub const HOW_TO_START_REDIS: &str = "start it with: redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save \"\" --appendonly no  (or set REDISCHED_TEST_REDIS_URL)";
+pub const HOW_TO_START_REDIS: &str = "start it with: redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save \"\" --appendonly no  (or set TEST_REDIS_URL)";
 pub const HOW_TO_START_RABBITMQ: &str =
-    "start it with: rabbitmq-server -detached  (or set REDISCHED_TEST_AMQP_URL)";
+    "start it with: rabbitmq-server -detached  (or set TEST_AMQP_URL)";
 
 pub fn redis_url() -> String {
-    std::env::var("REDISCHED_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
+    std::env::var("TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
 }
 
 pub fn amqp_url() -> String {
-    std::env::var("REDISCHED_TEST_AMQP_URL")
+    std::env::var("TEST_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
@@ -68,7 +68,12 @@ pub async fn test_store_named(prefix: &str) -> Store {
     };
     Store::connect(&options, DEFAULT_LIMITS)
         .await
-        .unwrap_or_else(|err| panic!("cannot reach Redis at {}: {err}\n{HOW_TO_START_REDIS}", redis_url()))
+        .unwrap_or_else(|err| {
+            panic!(
+                "cannot reach Redis at {}: {err}\n{HOW_TO_START_REDIS}",
+                redis_url()
+            )
+        })
 }
 
 pub async fn test_store_with(limits: Limits) -> TestStore {
@@ -116,7 +121,13 @@ impl Drop for TestStore {
 pub fn raw_redis() -> redis::Connection {
     redis::Client::open(redis_url())
         .and_then(|c| c.get_connection())
-        .unwrap_or_else(|e| panic!("cannot reach Redis at {}: {e}\n{HOW_TO_START_REDIS}", redis_url()))
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot reach Redis at {}: {e}\n{HOW_TO_START_REDIS}",
+                redis_url()
+            )
+        })
 }
 pub mod bridge;
+pub mod cluster;
 pub mod faults;
