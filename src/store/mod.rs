@@ -391,6 +391,11 @@ impl Store {
     /// the wrong type, say) is an `Err` in its place and the others still count, so one
     /// damaged topic cannot fail a whole group. An unreachable Redis fails the lot.
     async fn invoke_each(&self, invocations: &[redis::ScriptInvocation<'_>]) -> Result<Vec<redis::RedisResult<Value>>, StoreError> {
+        // An empty pipeline is a client error ("empty command"), e.g. a requeue sweep
+        // before the first topic exists.
+        if invocations.is_empty() {
+            return Ok(Vec::new());
+        }
         let commands: Vec<redis::Cmd> = invocations
             .iter()
             .map(|inv| single_command(|pipe| pipe.invoke_script(inv)))
