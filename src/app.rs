@@ -6,9 +6,11 @@
 //! opened with backoff, re-declaring the topology. Nothing is lost in between:
 //! unacked commands are redelivered by the broker and unreleased jobs stay in Redis.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lapin::Connection;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -18,7 +20,7 @@ use crate::dispatch::{self, Dispatcher, Plan, ServerClock, Wake};
 use crate::feed::Feed;
 use crate::http::{self, AppState};
 use crate::ingest::Ingest;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Stage};
 use crate::requeue;
 use crate::store::Store;
 
@@ -99,26 +101,22 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         wake,
         clock: Arc::new(ServerClock::new()),
     };
-    let mut plan = Plan::default();
-    let min_backoff = Duration::from_millis(config.amqp.reconnect_min_ms);
-    let mut backoff = min_backoff;
-    while !shutdown.is_cancelled() {
-        let started = Instant::now();
-        match session(&config, &ingest, &dispatcher, &mut plan, &metrics, &shutdown).await {
-            Ok(()) => break,
-            Err(err) => {
-                if started.elapsed() > Duration::from_secs(30) {
-                    backoff = min_backoff;
-                }
-                tracing::warn!(error = %err, retry_in = ?backoff, "AMQP session ended; reconnecting");
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_millis(config.amqp.reconnect_max_ms));
-            }
-        }
-    }
+    // Ingest and dispatch each get their own connection: a command the client library
+    // cannot even parse (which drops the connection) must not interrupt deliveries,
+    // and a blocked publisher must not stall intake.
+    tokio::join!(
+        supervise(Stage::Ingest, &config, &metrics, &shutdown, IngestStage(&ingest)),
+        supervise(
+            Stage::Dispatch,
+            &config,
+            &metrics,
+            &shutdown,
+            DispatchStage {
+                dispatcher: &dispatcher,
+                plan: Plan::default(),
+            },
+        ),
+    );
     tracing::info!("shutting down");
     if tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await.is_err() {
         tracing::warn!("background tasks did not stop within 5 s");
@@ -150,16 +148,87 @@ async fn connect_store(config: &Config, metrics: &Metrics, shutdown: &Cancellati
     }
 }
 
-/// One AMQP connection carrying ingest and dispatch. Ends `Ok` only on shutdown.
-async fn session(
+/// A stage that works over an AMQP connection of its own.
+trait OverAmqp {
+    fn run<'a>(
+        &'a mut self,
+        connection: &'a Connection,
+        end: CancellationToken,
+    ) -> impl Future<Output = Result<(), AmqpError>> + Send + 'a;
+}
+
+struct IngestStage<'s>(&'s Ingest);
+
+impl OverAmqp for IngestStage<'_> {
+    fn run<'a>(
+        &'a mut self,
+        connection: &'a Connection,
+        end: CancellationToken,
+    ) -> impl Future<Output = Result<(), AmqpError>> + Send + 'a {
+        self.0.run(connection, end)
+    }
+}
+
+/// Dispatch keeps its plan (when each topic is next due) across reconnects.
+struct DispatchStage<'s> {
+    dispatcher: &'s Dispatcher,
+    plan: Plan,
+}
+
+impl OverAmqp for DispatchStage<'_> {
+    fn run<'a>(
+        &'a mut self,
+        connection: &'a Connection,
+        end: CancellationToken,
+    ) -> impl Future<Output = Result<(), AmqpError>> + Send + 'a {
+        self.dispatcher.run(&mut self.plan, connection, end)
+    }
+}
+
+/// Runs one stage over AMQP until shutdown: opens a connection, declares the topology,
+/// runs the stage, and when the connection or the stage fails, starts over with backoff.
+async fn supervise(
+    stage: Stage,
     config: &Config,
-    ingest: &Ingest,
-    dispatcher: &Dispatcher,
-    plan: &mut Plan,
     metrics: &Metrics,
     shutdown: &CancellationToken,
+    mut run: impl OverAmqp,
+) {
+    let min_backoff = Duration::from_millis(config.amqp.reconnect_min_ms);
+    let mut backoff = min_backoff;
+    while !shutdown.is_cancelled() {
+        let started = Instant::now();
+        match session(stage, config, metrics, shutdown, &mut run).await {
+            Ok(()) => return,
+            Err(err) => {
+                if started.elapsed() > Duration::from_secs(30) {
+                    backoff = min_backoff;
+                }
+                tracing::warn!(stage = stage.name(), error = %err, retry_in = ?backoff, "AMQP session ended; reconnecting");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_millis(config.amqp.reconnect_max_ms));
+            }
+        }
+    }
+}
+
+/// One AMQP connection for one stage. Ends `Ok` only on shutdown.
+async fn session(
+    stage: Stage,
+    config: &Config,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+    run: &mut impl OverAmqp,
 ) -> Result<(), AmqpError> {
-    let name = format!("redisched {} pid {}", env!("CARGO_PKG_VERSION"), std::process::id());
+    let name = format!(
+        "redisched {} {} pid {}",
+        env!("CARGO_PKG_VERSION"),
+        stage.name(),
+        std::process::id()
+    );
     let open = async {
         let connection = tokio::time::timeout(Duration::from_secs(20), amqp::connect(&config.amqp, &name))
             .await
@@ -175,26 +244,12 @@ async fn session(
         _ = shutdown.cancelled() => return Ok(()),
         opened = open => opened?,
     };
-    metrics.set_topology_ready(true);
-    tracing::info!(url = %crate::config::redact_url(&config.amqp.url), "connected to AMQP; topology declared");
-
-    let session_end = shutdown.child_token();
-    let (ingested, dispatched) = tokio::join!(
-        async {
-            let result = ingest.run(&connection, session_end.clone()).await;
-            session_end.cancel();
-            result
-        },
-        async {
-            let result = dispatcher.run(plan, &connection, session_end.clone()).await;
-            session_end.cancel();
-            result
-        },
-    );
-    metrics.set_topology_ready(false);
+    metrics.set_stage_ready(stage, true);
+    tracing::info!(stage = stage.name(), url = %crate::config::redact_url(&config.amqp.url), "connected to AMQP; topology declared");
+    let result = run.run(&connection, shutdown.child_token()).await;
+    metrics.set_stage_ready(stage, false);
     amqp::close_quietly("connection", connection.close(200, "bye".into())).await;
-    ingested?;
-    dispatched?;
+    result?;
     if shutdown.is_cancelled() {
         Ok(())
     } else {

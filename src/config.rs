@@ -48,8 +48,12 @@ pub struct AmqpConfig {
     /// One consumer at a time on the commands queue keeps commands in publish order
     /// across several bridges (a delete published after a put always wins).
     pub single_active_consumer: bool,
-    /// Declare the commands and invalid queues as quorum queues (replicated).
+    /// Declare the commands and invalid queues as quorum queues (replicated, and able
+    /// to dead-letter a poison command after `delivery_limit` deliveries).
     pub quorum_queues: bool,
+    /// Deliveries of one command before the broker sets it aside to the invalid
+    /// exchange (quorum queues only; 0 = unlimited).
+    pub delivery_limit: u32,
     pub heartbeat_secs: u16,
     /// Backoff between reconnect attempts, doubling up to the max.
     pub reconnect_min_ms: u64,
@@ -135,7 +139,8 @@ impl Default for AmqpConfig {
             invalid_queue: "redisched.invalid".into(),
             ready_exchange: "redisched.ready".into(),
             single_active_consumer: true,
-            quorum_queues: false,
+            quorum_queues: true,
+            delivery_limit: 5,
             heartbeat_secs: 10,
             reconnect_min_ms: 200,
             reconnect_max_ms: 10_000,

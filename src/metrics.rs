@@ -1,7 +1,7 @@
 //! Counters and gauges the bridge keeps, exported by `GET /metrics` in Prometheus
 //! text format. Per-topic job counts are read from Redis at scrape time instead.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -24,6 +24,25 @@ pub struct RetryLabels {
     pub reason: String,
 }
 
+/// The stages that hold an AMQP connection of their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Stage {
+    Ingest = 1,
+    Dispatch = 2,
+}
+
+impl Stage {
+    const ALL: u8 = Stage::Ingest as u8 | Stage::Dispatch as u8;
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Ingest => "ingest",
+            Stage::Dispatch => "dispatch",
+        }
+    }
+}
+
 pub struct Metrics {
     pub commands: Family<CommandLabels, Counter>,
     pub invalid_commands: Counter,
@@ -37,8 +56,8 @@ pub struct Metrics {
     pub redis_up: Gauge,
     pub amqp_up: Gauge,
     registry: Registry,
-    /// Set once topology is declared on the current AMQP connection.
-    topology_ready: AtomicBool,
+    /// One bit per AMQP stage whose connection is open with the topology declared.
+    stages_ready: AtomicU8,
 }
 
 impl Metrics {
@@ -115,7 +134,7 @@ impl Metrics {
             redis_up,
             amqp_up,
             registry,
-            topology_ready: AtomicBool::new(false),
+            stages_ready: AtomicU8::new(0),
         }
     }
 
@@ -136,13 +155,27 @@ impl Metrics {
             .inc();
     }
 
-    pub fn set_topology_ready(&self, ready: bool) {
-        self.topology_ready.store(ready, Ordering::Relaxed);
-        self.amqp_up.set(i64::from(ready));
+    /// Marks one stage's AMQP connection as up (topology declared) or down.
+    pub fn set_stage_ready(&self, stage: Stage, ready: bool) {
+        let bit = stage as u8;
+        let now = if ready {
+            self.stages_ready.fetch_or(bit, Ordering::AcqRel) | bit
+        } else {
+            self.stages_ready.fetch_and(!bit, Ordering::AcqRel) & !bit
+        };
+        self.amqp_up.set(i64::from(now == Stage::ALL));
     }
 
+    /// Marks every stage at once (for tests of the HTTP layer alone).
+    pub fn set_topology_ready(&self, ready: bool) {
+        for stage in [Stage::Ingest, Stage::Dispatch] {
+            self.set_stage_ready(stage, ready);
+        }
+    }
+
+    /// Every stage has its AMQP connection with the topology declared.
     pub fn topology_ready(&self) -> bool {
-        self.topology_ready.load(Ordering::Relaxed)
+        self.stages_ready.load(Ordering::Acquire) == Stage::ALL
     }
 
     /// The registry in Prometheus text format.

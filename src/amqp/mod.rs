@@ -98,7 +98,24 @@ pub async fn declare_topology(channel: &Channel, config: &AmqpConfig) -> lapin::
     let mut invalid_args = FieldTable::default();
     if config.quorum_queues {
         for args in [&mut commands_args, &mut invalid_args] {
-            args.insert("x-queue-type".into(), AMQPValue::LongString(LongString::from("quorum")));
+            args.insert("x-queue-type".into(), text("quorum"));
+        }
+        // A poison command (one the client library cannot even parse, e.g. a message_id
+        // that is not UTF-8) drops the connection before the bridge sees it; without a
+        // limit it would be redelivered forever and block every command behind it.
+        // After `delivery_limit` deliveries the broker dead-letters it, at least once,
+        // to the invalid exchange (reason in its `x-death` header).
+        if config.delivery_limit > 0 {
+            commands_args.insert(
+                "x-delivery-limit".into(),
+                AMQPValue::LongLongInt(i64::from(config.delivery_limit)),
+            );
+            commands_args.insert(
+                "x-dead-letter-exchange".into(),
+                text(&config.invalid_exchange),
+            );
+            commands_args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
+            commands_args.insert("x-overflow".into(), text("reject-publish"));
         }
     }
     let durable_queue = QueueDeclareOptions {
@@ -123,6 +140,10 @@ pub async fn declare_topology(channel: &Channel, config: &AmqpConfig) -> lapin::
             .await?;
     }
     Ok(())
+}
+
+fn text(value: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(value))
 }
 
 /// A channel in publisher-confirm mode.

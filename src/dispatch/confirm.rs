@@ -84,11 +84,13 @@ impl Confirmer {
                 Ok(Confirmation::Ack(Some(returned))) => {
                     self.metrics.unroutable_returns.inc();
                     tracing::warn!(topic = %lease.topic, id = %lease.id, reply = %returned.reply_text, "job unroutable (no queue bound for its topic); kept and retried");
-                    self.hand_back(&lease, retry_delay(&self.config, attempt), "unroutable").await;
+                    self.hand_back(&lease, retry_delay(&self.config, attempt), "unroutable")
+                        .await;
                 }
                 Ok(Confirmation::Nack(_)) => {
                     tracing::warn!(topic = %lease.topic, id = %lease.id, "broker nacked a job; kept and retried");
-                    self.hand_back(&lease, retry_delay(&self.config, attempt), "nack").await;
+                    self.hand_back(&lease, retry_delay(&self.config, attempt), "nack")
+                        .await;
                 }
                 Ok(Confirmation::NotRequested) | Err(_) => {
                     // The channel died before the broker answered: the job may or may

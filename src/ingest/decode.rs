@@ -44,7 +44,8 @@ pub fn decode_parts(
     body: &[u8],
     limits: Limits,
 ) -> Result<Op, Invalid> {
-    let topic = Topic::new(routing_key).map_err(|e| invalid(format!("bad topic (routing key): {e}")))?;
+    let topic =
+        Topic::new(routing_key).map_err(|e| invalid(format!("bad topic (routing key): {e}")))?;
     let id = props
         .message_id()
         .as_ref()
@@ -158,7 +159,11 @@ fn millis(value: &AMQPValue, name: &str) -> Result<i64, Invalid> {
             let s = s.trim();
             match s.parse::<i64>() {
                 Ok(v) => v,
-                Err(_) => s.parse::<f64>().ok().and_then(float_millis).ok_or_else(bad)?,
+                Err(_) => s
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(float_millis)
+                    .ok_or_else(bad)?,
             }
         }
         _ => return Err(bad()),
@@ -189,7 +194,10 @@ fn show(value: &AMQPValue) -> String {
         None => format!("{value:?}"),
     };
     if shown.len() > 80 {
-        let cut = (0..=80).rev().find(|&i| shown.is_char_boundary(i)).unwrap_or(0);
+        let cut = (0..=80)
+            .rev()
+            .find(|&i| shown.is_char_boundary(i))
+            .unwrap_or(0);
         format!("{}…", &shown[..cut])
     } else {
         shown
@@ -230,27 +238,55 @@ mod tests {
     #[test]
     fn delays_in_every_accepted_form() {
         assert_eq!(due(&[]), Ok(Due::NOW));
-        assert_eq!(due(&[("x-delay", AMQPValue::LongInt(1500))]), Ok(Due::Delay(1500)));
-        assert_eq!(due(&[("x-delay", AMQPValue::ShortShortUInt(7))]), Ok(Due::Delay(7)));
+        assert_eq!(
+            due(&[("x-delay", AMQPValue::LongInt(1500))]),
+            Ok(Due::Delay(1500))
+        );
+        assert_eq!(
+            due(&[("x-delay", AMQPValue::ShortShortUInt(7))]),
+            Ok(Due::Delay(7))
+        );
         assert_eq!(due(&[("x-delay", s(" 250 "))]), Ok(Due::Delay(250)));
-        assert_eq!(due(&[("x-delay", AMQPValue::Double(1.2))]), Ok(Due::Delay(2)), "rounded up");
+        assert_eq!(
+            due(&[("x-delay", AMQPValue::Double(1.2))]),
+            Ok(Due::Delay(2)),
+            "rounded up"
+        );
         assert_eq!(due(&[("x-delay", s("2.5"))]), Ok(Due::Delay(3)));
-        assert_eq!(due(&[("x-delay", AMQPValue::LongInt(-40))]), Ok(Due::Delay(0)));
-        assert_eq!(due(&[("x-deliver-at", AMQPValue::LongLongInt(1_700_000_000_000))]), Ok(Due::At(1_700_000_000_000)));
+        assert_eq!(
+            due(&[("x-delay", AMQPValue::LongInt(-40))]),
+            Ok(Due::Delay(0))
+        );
+        assert_eq!(
+            due(&[("x-deliver-at", AMQPValue::LongLongInt(1_700_000_000_000))]),
+            Ok(Due::At(1_700_000_000_000))
+        );
     }
 
     #[test]
     fn bad_delays_are_refused_with_a_reason() {
-        for bad in [s("soon"), s("NaN"), s("inf"), AMQPValue::Double(f64::NAN), AMQPValue::Boolean(true)] {
+        for bad in [
+            s("soon"),
+            s("NaN"),
+            s("inf"),
+            AMQPValue::Double(f64::NAN),
+            AMQPValue::Boolean(true),
+        ] {
             let err = due(&[("x-delay", bad.clone())]).expect_err("refused");
             assert!(err.0.contains("x-delay"), "{err} for {bad:?}");
         }
         let err = due(&[("x-delay", AMQPValue::LongLongInt(86_400_001))]).expect_err("too long");
         assert!(err.0.contains("exceeds the maximum delay"), "{err}");
         let err = due(&[("x-delay", AMQPValue::Double(1e300))]).expect_err("too long");
-        assert!(err.0.contains("out of range") || err.0.contains("exceeds"), "{err}");
-        let err = due(&[("x-delay", AMQPValue::LongInt(5)), ("x-deliver-at", AMQPValue::LongInt(5))])
-            .expect_err("both");
+        assert!(
+            err.0.contains("out of range") || err.0.contains("exceeds"),
+            "{err}"
+        );
+        let err = due(&[
+            ("x-delay", AMQPValue::LongInt(5)),
+            ("x-deliver-at", AMQPValue::LongInt(5)),
+        ])
+        .expect_err("both");
         assert!(err.0.contains("both"), "{err}");
     }
 
@@ -258,8 +294,19 @@ mod tests {
     fn ops_ids_topics_and_bodies() {
         let delete = decode_parts("t", &props(&[("x-redisched-op", s("delete"))]), b"", LIMITS);
         assert!(matches!(delete, Ok(Op::Delete { .. })));
-        let replace = decode_parts("t", &props(&[("x-redisched-op", s("replace"))]), b"", LIMITS);
-        assert!(matches!(replace, Ok(Op::Put(PutRequest { mode: PutMode::Replace, .. }))));
+        let replace = decode_parts(
+            "t",
+            &props(&[("x-redisched-op", s("replace"))]),
+            b"",
+            LIMITS,
+        );
+        assert!(matches!(
+            replace,
+            Ok(Op::Put(PutRequest {
+                mode: PutMode::Replace,
+                ..
+            }))
+        ));
         let unknown = decode_parts("t", &props(&[("x-redisched-op", s("upsert"))]), b"", LIMITS);
         assert!(unknown.expect_err("unknown").0.contains("upsert"));
 
@@ -267,7 +314,10 @@ mod tests {
         assert!(no_id.expect_err("no id").0.contains("message_id"));
         let bad_topic = decode_parts("a{b}", &props(&[]), b"", LIMITS);
         assert!(bad_topic.expect_err("braces").0.contains("topic"));
-        assert!(decode_parts("t", &props(&[]), &[0u8; 16], LIMITS).is_ok(), "at the limit");
+        assert!(
+            decode_parts("t", &props(&[]), &[0u8; 16], LIMITS).is_ok(),
+            "at the limit"
+        );
         let big = decode_parts("t", &props(&[]), &[0u8; 17], LIMITS);
         assert!(big.expect_err("too big").0.contains("17 bytes"));
     }

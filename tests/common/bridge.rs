@@ -47,21 +47,57 @@ pub fn env_for(config: &Config) -> Vec<(String, String)> {
         ("REDISCHED_REDIS__URL", c.redis.url.clone()),
         ("REDISCHED_REDIS__PREFIX", c.redis.prefix.clone()),
         ("REDISCHED_AMQP__URL", c.amqp.url.clone()),
-        ("REDISCHED_AMQP__COMMANDS_EXCHANGE", c.amqp.commands_exchange.clone()),
-        ("REDISCHED_AMQP__COMMANDS_QUEUE", c.amqp.commands_queue.clone()),
-        ("REDISCHED_AMQP__INVALID_EXCHANGE", c.amqp.invalid_exchange.clone()),
-        ("REDISCHED_AMQP__INVALID_QUEUE", c.amqp.invalid_queue.clone()),
-        ("REDISCHED_AMQP__READY_EXCHANGE", c.amqp.ready_exchange.clone()),
+        (
+            "REDISCHED_AMQP__COMMANDS_EXCHANGE",
+            c.amqp.commands_exchange.clone(),
+        ),
+        (
+            "REDISCHED_AMQP__COMMANDS_QUEUE",
+            c.amqp.commands_queue.clone(),
+        ),
+        (
+            "REDISCHED_AMQP__INVALID_EXCHANGE",
+            c.amqp.invalid_exchange.clone(),
+        ),
+        (
+            "REDISCHED_AMQP__INVALID_QUEUE",
+            c.amqp.invalid_queue.clone(),
+        ),
+        (
+            "REDISCHED_AMQP__READY_EXCHANGE",
+            c.amqp.ready_exchange.clone(),
+        ),
         ("REDISCHED_HTTP__ENABLED", c.http.enabled.to_string()),
         ("REDISCHED_HTTP__LISTEN", c.http.listen.clone()),
         ("REDISCHED_DISPATCH__TTR_MS", c.dispatch.ttr_ms.to_string()),
-        ("REDISCHED_DISPATCH__POLL_INTERVAL_MS", c.dispatch.poll_interval_ms.to_string()),
-        ("REDISCHED_DISPATCH__REQUEUE_INTERVAL_MS", c.dispatch.requeue_interval_ms.to_string()),
-        ("REDISCHED_DISPATCH__RETRY_MIN_MS", c.dispatch.retry_min_ms.to_string()),
-        ("REDISCHED_DISPATCH__RETRY_MAX_MS", c.dispatch.retry_max_ms.to_string()),
-        ("REDISCHED_DISPATCH__SHUTDOWN_GRACE_MS", c.dispatch.shutdown_grace_ms.to_string()),
-        ("REDISCHED_AMQP__RECONNECT_MIN_MS", c.amqp.reconnect_min_ms.to_string()),
-        ("REDISCHED_AMQP__RECONNECT_MAX_MS", c.amqp.reconnect_max_ms.to_string()),
+        (
+            "REDISCHED_DISPATCH__POLL_INTERVAL_MS",
+            c.dispatch.poll_interval_ms.to_string(),
+        ),
+        (
+            "REDISCHED_DISPATCH__REQUEUE_INTERVAL_MS",
+            c.dispatch.requeue_interval_ms.to_string(),
+        ),
+        (
+            "REDISCHED_DISPATCH__RETRY_MIN_MS",
+            c.dispatch.retry_min_ms.to_string(),
+        ),
+        (
+            "REDISCHED_DISPATCH__RETRY_MAX_MS",
+            c.dispatch.retry_max_ms.to_string(),
+        ),
+        (
+            "REDISCHED_DISPATCH__SHUTDOWN_GRACE_MS",
+            c.dispatch.shutdown_grace_ms.to_string(),
+        ),
+        (
+            "REDISCHED_AMQP__RECONNECT_MIN_MS",
+            c.amqp.reconnect_min_ms.to_string(),
+        ),
+        (
+            "REDISCHED_AMQP__RECONNECT_MAX_MS",
+            c.amqp.reconnect_max_ms.to_string(),
+        ),
         ("REDISCHED_LOG__LEVEL", "info".to_string()),
     ]
     .into_iter()
@@ -112,13 +148,17 @@ impl ChildBridge {
     }
 
     pub fn kill9(&mut self) {
-        let _ = Command::new("kill").args(["-9", &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-9", &self.child.id().to_string()])
+            .status();
         let _ = self.child.wait();
     }
 
     pub fn terminate(&mut self) -> (std::process::ExitStatus, Duration) {
         let started = Instant::now();
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
         let status = self.child.wait().expect("wait for bridge");
         (status, started.elapsed())
     }
@@ -158,8 +198,13 @@ impl Broker {
     pub async fn new(config: &Config) -> Self {
         let connection = connect_to(&config.amqp.url).await;
         let channel = connection.create_channel().await.expect("channel");
-        channel.confirm_select(ConfirmSelectOptions::default()).await.expect("confirms");
-        redisched::amqp::declare_topology(&channel, &config.amqp).await.expect("declare topology");
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .expect("confirms");
+        redisched::amqp::declare_topology(&channel, &config.amqp)
+            .await
+            .expect("declare topology");
         Self {
             config: config.clone(),
             connection,
@@ -191,7 +236,8 @@ impl Broker {
 
     /// A consumer of the ready exchange for `binding` (routing key pattern).
     pub async fn consume_ready(&self, binding: &str) -> Receiver {
-        self.consume_exchange(&self.config.amqp.ready_exchange.clone(), binding).await
+        self.consume_exchange(&self.config.amqp.ready_exchange.clone(), binding)
+            .await
     }
 
     /// A consumer of the invalid queue the bridge declared.
@@ -302,7 +348,10 @@ pub struct Receiver {
 impl Receiver {
     /// The next delivery within `timeout`, with its arrival time (epoch ms).
     pub async fn next(&mut self, timeout: Duration) -> Option<(i64, Delivery)> {
-        tokio::time::timeout(timeout, self.rx.recv()).await.ok().flatten()
+        tokio::time::timeout(timeout, self.rx.recv())
+            .await
+            .ok()
+            .flatten()
     }
 
     /// Collects deliveries until `count` arrived or `timeout` passed.
