@@ -23,7 +23,7 @@ impl PrivateRedis {
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("a free port");
-        let child = Command::new("redis-server")
+        let mut child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .stdout(Stdio::null())
             .spawn()
@@ -35,6 +35,8 @@ impl PrivateRedis {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("private redis-server on {port} did not start");
     }
 
