@@ -69,9 +69,16 @@ async fn measure(
     let connection = common::amqp(&env.amqp_url).await?;
     let setup = connection.create_channel().await?;
     redisched::amqp::declare_topology(&setup, &config.amqp).await?;
-    // Same arguments as the commands queue (single active consumer, durable).
+    // Same arguments as the commands queue (single active consumer, durable, and the
+    // queue type the bridge declares).
     let mut args = FieldTable::default();
     args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+    if config.amqp.quorum_queues {
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+    }
     let single = format!("{name}.ceiling1");
     let multiple = format!("{name}.ceilingm");
     let single_after = format!("{name}.ceiling1b");
