@@ -8,16 +8,33 @@ use lapin::{Connection, ConnectionProperties};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    let url = std::env::var("AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
     let connection = Connection::connect(&url, ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
-    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
-    channel.queue_declare("emails".into(), durable, FieldTable::default()).await?;
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
     channel
-        .queue_bind("emails".into(), "redisched.ready".into(), "emails".into(), QueueBindOptions::default(), FieldTable::default())
+        .queue_declare("emails".into(), durable, FieldTable::default())
+        .await?;
+    channel
+        .queue_bind(
+            "emails".into(),
+            "redisched.ready".into(),
+            "emails".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
         .await?;
     let mut jobs = channel
-        .basic_consume("emails".into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            "emails".into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await?;
     while let Some(job) = jobs.next().await {
         let job = job?;

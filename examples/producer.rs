@@ -7,14 +7,20 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    let url = std::env::var("AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
     let connection = Connection::connect(&url, ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
-    channel.confirm_select(ConfirmSelectOptions::default()).await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
 
     let command = |id: &str, op: &str, delay_ms: i64| {
         let mut headers = FieldTable::default();
-        headers.insert("x-redisched-op".into(), AMQPValue::LongString(LongString::from(op)));
+        headers.insert(
+            "x-redisched-op".into(),
+            AMQPValue::LongString(LongString::from(op)),
+        );
         headers.insert("x-delay".into(), AMQPValue::LongLongInt(delay_ms));
         BasicProperties::default()
             .with_message_id(id.into())
@@ -36,7 +42,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             )
             .await?
             .await?;
-        println!("{op} {id}: broker {}", if confirm.is_ack() { "confirmed" } else { "refused" });
+        println!(
+            "{op} {id}: broker {}",
+            if confirm.is_ack() {
+                "confirmed"
+            } else {
+                "refused"
+            }
+        );
     }
     connection.close(200, "bye".into()).await?;
     Ok(())

@@ -105,7 +105,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     // cannot even parse (which drops the connection) must not interrupt deliveries,
     // and a blocked publisher must not stall intake.
     tokio::join!(
-        supervise(Stage::Ingest, &config, &metrics, &shutdown, IngestStage(&ingest)),
+        supervise(
+            Stage::Ingest,
+            &config,
+            &metrics,
+            &shutdown,
+            IngestStage(&ingest)
+        ),
         supervise(
             Stage::Dispatch,
             &config,
@@ -118,7 +124,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         ),
     );
     tracing::info!("shutting down");
-    if tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(5), tasks.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!("background tasks did not stop within 5 s");
     }
     Ok(())
@@ -126,7 +135,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
 
 /// Waits for Redis (with backoff) instead of exiting: a bridge started before its
 /// Redis, or during a Redis restart, must not crash-loop. `None` on shutdown.
-async fn connect_store(config: &Config, metrics: &Metrics, shutdown: &CancellationToken) -> Option<Store> {
+async fn connect_store(
+    config: &Config,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) -> Option<Store> {
     let mut backoff = Duration::from_millis(200);
     loop {
         match Store::connect(&config.connect_options(), config.limits()).await {
@@ -230,12 +243,17 @@ async fn session(
         std::process::id()
     );
     let open = async {
-        let connection = tokio::time::timeout(Duration::from_secs(20), amqp::connect(&config.amqp, &name))
-            .await
-            .map_err(|_| AmqpError::Timeout("connection attempt timed out after 20 s"))??;
+        let connection =
+            tokio::time::timeout(Duration::from_secs(20), amqp::connect(&config.amqp, &name))
+                .await
+                .map_err(|_| AmqpError::Timeout("connection attempt timed out after 20 s"))??;
         let setup = connection.create_channel().await?;
         amqp::declare_topology(&setup, &config.amqp).await?;
-        amqp::close_quietly("setup channel", setup.close(200, "topology declared".into())).await;
+        amqp::close_quietly(
+            "setup channel",
+            setup.close(200, "topology declared".into()),
+        )
+        .await;
         Ok::<_, AmqpError>(connection)
     };
     // A broker that accepts the TCP connection and then hangs must not hold up a

@@ -117,7 +117,6 @@ pub struct LogConfig {
     pub level: String,
 }
 
-
 impl Default for RedisConfig {
     fn default() -> Self {
         Self {
@@ -255,7 +254,10 @@ impl Config {
             ));
         }
         if self.redis.prefix.is_empty() || self.redis.prefix.contains(['{', '}']) {
-            return Err(invalid("redis.prefix", "must be non-empty and free of braces"));
+            return Err(invalid(
+                "redis.prefix",
+                "must be non-empty and free of braces",
+            ));
         }
         url::Url::parse(&self.amqp.url)
             .ok()
@@ -272,8 +274,13 @@ impl Config {
                 return Err(invalid(key, "must be 1..255 bytes"));
             }
         }
-        if self.amqp.reconnect_min_ms == 0 || self.amqp.reconnect_max_ms < self.amqp.reconnect_min_ms {
-            return Err(invalid("amqp.reconnect_max_ms", "must be >= amqp.reconnect_min_ms > 0"));
+        if self.amqp.reconnect_min_ms == 0
+            || self.amqp.reconnect_max_ms < self.amqp.reconnect_min_ms
+        {
+            return Err(invalid(
+                "amqp.reconnect_max_ms",
+                "must be >= amqp.reconnect_min_ms > 0",
+            ));
         }
         if self.limits.max_delay_ms <= 0 {
             return Err(invalid("limits.max_delay_ms", "must be > 0"));
@@ -291,16 +298,27 @@ impl Config {
             return Err(invalid("dispatch.ttr_ms", "must be >= 100"));
         }
         if !(1..=MAX_BATCH).contains(&self.dispatch.batch) {
-            return Err(invalid("dispatch.batch", format!("must be 1..={MAX_BATCH}")));
+            return Err(invalid(
+                "dispatch.batch",
+                format!("must be 1..={MAX_BATCH}"),
+            ));
         }
         if self.dispatch.window == 0 {
             return Err(invalid("dispatch.window", "must be > 0"));
         }
-        if self.dispatch.retry_min_ms == 0 || self.dispatch.retry_max_ms < self.dispatch.retry_min_ms {
-            return Err(invalid("dispatch.retry_max_ms", "must be >= dispatch.retry_min_ms > 0"));
+        if self.dispatch.retry_min_ms == 0
+            || self.dispatch.retry_max_ms < self.dispatch.retry_min_ms
+        {
+            return Err(invalid(
+                "dispatch.retry_max_ms",
+                "must be >= dispatch.retry_min_ms > 0",
+            ));
         }
         for (key, value) in [
-            ("dispatch.requeue_interval_ms", self.dispatch.requeue_interval_ms),
+            (
+                "dispatch.requeue_interval_ms",
+                self.dispatch.requeue_interval_ms,
+            ),
             ("dispatch.poll_interval_ms", self.dispatch.poll_interval_ms),
         ] {
             if value == 0 {
@@ -410,7 +428,10 @@ mod tests {
 
     #[test]
     fn redaction_masks_passwords() {
-        assert_eq!(redact_url("amqp://guest:secret@h:5672/%2f"), "amqp://guest:***@h:5672/%2f");
+        assert_eq!(
+            redact_url("amqp://guest:secret@h:5672/%2f"),
+            "amqp://guest:***@h:5672/%2f"
+        );
         assert_eq!(redact_url("redis://:pw@h:6379/0"), "redis://:***@h:6379/0");
         assert_eq!(redact_url("not a url"), "***");
     }

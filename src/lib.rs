@@ -7,16 +7,16 @@
 //! reservations of crashed bridges due again. See ARCHITECTURE.md.
 #![forbid(unsafe_code)]
 
-pub mod job;
-pub mod store;
-pub mod config;
-pub mod feed;
-pub mod metrics;
 pub mod amqp;
-pub mod dispatch;
-pub mod ingest;
-pub mod cli;
-pub mod http;
-pub mod telemetry;
 pub mod app;
+pub mod cli;
+pub mod config;
+pub mod dispatch;
+pub mod feed;
+pub mod http;
+pub mod ingest;
+pub mod job;
+pub mod metrics;
 pub mod requeue;
+pub mod store;
+pub mod telemetry;

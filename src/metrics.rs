@@ -71,14 +71,18 @@ impl Metrics {
         let corrupt_records = Counter::default();
         let publishes_in_flight = Gauge::default();
         // 1 ms .. ~65 s: precision matters at the low end.
-        let lateness = Histogram::new(
-            [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
-        );
+        let lateness = Histogram::new([
+            0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ]);
         let redis_up = Gauge::default();
         let amqp_up = Gauge::default();
 
         let mut registry = Registry::with_prefix("redisched");
-        registry.register("commands", "Commands applied, by op and outcome", commands.clone());
+        registry.register(
+            "commands",
+            "Commands applied, by op and outcome",
+            commands.clone(),
+        );
         registry.register(
             "invalid_commands",
             "Commands set aside to the invalid exchange",
@@ -120,7 +124,11 @@ impl Metrics {
             lateness.clone(),
         );
         registry.register("redis_up", "1 while Redis answers", redis_up.clone());
-        registry.register("amqp_up", "1 while the AMQP connection is open", amqp_up.clone());
+        registry.register(
+            "amqp_up",
+            "1 while the AMQP connection is open",
+            amqp_up.clone(),
+        );
         Self {
             commands,
             invalid_commands,

@@ -18,7 +18,12 @@ use crate::store::{Store, StoreError, MAX_BATCH};
 pub const CHUNK: usize = 1000;
 
 /// Requeues expired reservations, one chunk of topics every `interval`, until shutdown.
-pub async fn run(store: Store, metrics: Arc<Metrics>, interval: Duration, shutdown: CancellationToken) {
+pub async fn run(
+    store: Store,
+    metrics: Arc<Metrics>,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut cursor = 0;
@@ -43,7 +48,10 @@ pub async fn run(store: Store, metrics: Arc<Metrics>, interval: Duration, shutdo
 pub async fn step(store: &Store, cursor: &mut u64) -> Result<u64, StoreError> {
     let (next, topics) = store.scan_topics(*cursor, CHUNK).await?;
     let mut total = 0;
-    for (topic, requeued) in topics.iter().zip(store.requeue_many(&topics, MAX_BATCH).await?) {
+    for (topic, requeued) in topics
+        .iter()
+        .zip(store.requeue_many(&topics, MAX_BATCH).await?)
+    {
         total += requeued.count;
         // A full batch means more may be waiting in this topic.
         let mut more = requeued.count == MAX_BATCH as u64;

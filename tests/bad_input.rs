@@ -386,7 +386,10 @@ print(json.dumps(reasons))
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert_eq!(reasons.len(), 2, "both set aside: {reasons:?}");
-    assert!(reasons.iter().all(|r| !r.is_empty()), "each with a reason: {reasons:?}");
+    assert!(
+        reasons.iter().all(|r| !r.is_empty()),
+        "each with a reason: {reasons:?}"
+    );
     assert!(
         reasons.iter().any(|r| r == "delivery_limit"),
         "the unreadable one was dead-lettered at the delivery limit: {reasons:?}"

@@ -26,8 +26,17 @@ async fn jobs_arrive_on_time_never_early_with_body_and_headers_intact() {
     headers.insert("custom-int".into(), AMQPValue::ShortInt(-12));
     headers.insert("custom-bool".into(), AMQPValue::Boolean(true));
     headers.insert("custom-table".into(), AMQPValue::FieldTable(nested.clone()));
-    headers.insert("custom-array".into(), AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongString("a".into()), AMQPValue::Boolean(false)])));
-    headers.insert("custom-bytes".into(), AMQPValue::ByteArray(ByteArray::from(vec![0u8, 1, 255])));
+    headers.insert(
+        "custom-array".into(),
+        AMQPValue::FieldArray(FieldArray::from(vec![
+            AMQPValue::LongString("a".into()),
+            AMQPValue::Boolean(false),
+        ])),
+    );
+    headers.insert(
+        "custom-bytes".into(),
+        AMQPValue::ByteArray(ByteArray::from(vec![0u8, 1, 255])),
+    );
     let props = BasicProperties::default()
         .with_message_id("welcome-42".into())
         .with_content_type("application/octet-stream".into())
@@ -52,22 +61,46 @@ async fn jobs_arrive_on_time_never_early_with_body_and_headers_intact() {
     assert_eq!(job.routing_key.as_str(), "mail.welcome");
     assert_eq!(message_id(&job), "welcome-42");
     let p = &job.properties;
-    assert_eq!(p.content_type().as_ref().map(|s| s.as_str()), Some("application/octet-stream"));
-    assert_eq!(p.content_encoding().as_ref().map(|s| s.as_str()), Some("identity"));
+    assert_eq!(
+        p.content_type().as_ref().map(|s| s.as_str()),
+        Some("application/octet-stream")
+    );
+    assert_eq!(
+        p.content_encoding().as_ref().map(|s| s.as_str()),
+        Some("identity")
+    );
     assert_eq!(p.kind().as_ref().map(|s| s.as_str()), Some("welcome"));
     assert_eq!(p.app_id().as_ref().map(|s| s.as_str()), Some("signup"));
-    assert_eq!(p.correlation_id().as_ref().map(|s| s.as_str()), Some("corr-1"));
+    assert_eq!(
+        p.correlation_id().as_ref().map(|s| s.as_str()),
+        Some("corr-1")
+    );
     assert_eq!(p.priority(), &Some(4));
     assert_eq!(p.timestamp(), &Some(1_700_000_000));
     assert_eq!(p.delivery_mode(), &Some(2), "persistent");
     assert_eq!(p.expiration(), &None, "expiration is not copied");
     assert_eq!(header(&job, "custom-int"), Some(&AMQPValue::ShortInt(-12)));
     assert_eq!(header(&job, "custom-bool"), Some(&AMQPValue::Boolean(true)));
-    assert_eq!(header(&job, "custom-table"), Some(&AMQPValue::FieldTable(nested)));
-    assert_eq!(header(&job, "custom-bytes"), Some(&AMQPValue::ByteArray(ByteArray::from(vec![0u8, 1, 255]))));
-    assert!(matches!(header(&job, "custom-array"), Some(AMQPValue::FieldArray(a)) if a.as_slice().len() == 2));
-    assert_eq!(header(&job, "x-delay"), None, "control headers are not forwarded");
-    assert_eq!(header_text(&job, "x-redisched-topic").as_deref(), Some("mail.welcome"));
+    assert_eq!(
+        header(&job, "custom-table"),
+        Some(&AMQPValue::FieldTable(nested))
+    );
+    assert_eq!(
+        header(&job, "custom-bytes"),
+        Some(&AMQPValue::ByteArray(ByteArray::from(vec![0u8, 1, 255])))
+    );
+    assert!(
+        matches!(header(&job, "custom-array"), Some(AMQPValue::FieldArray(a)) if a.as_slice().len() == 2)
+    );
+    assert_eq!(
+        header(&job, "x-delay"),
+        None,
+        "control headers are not forwarded"
+    );
+    assert_eq!(
+        header_text(&job, "x-redisched-topic").as_deref(),
+        Some("mail.welcome")
+    );
     assert_eq!(header_i64(&job, "x-redisched-attempt"), Some(1));
 
     assert!(ready.drain(SECOND).await.is_empty(), "delivered once");
@@ -91,19 +124,66 @@ async fn cancel_replace_duplicate_and_replies() {
     };
 
     // Cancel: scheduled in 800 ms, deleted before.
-    broker.command("t", with_reply("cancelled", "c1", &[("x-delay", AMQPValue::LongInt(800))]), b"x").await;
-    broker.command("t", with_reply("cancelled", "c2", &[("x-redisched-op", text("delete"))]), b"").await;
-    broker.command("t", with_reply("missing", "c3", &[("x-redisched-op", text("delete"))]), b"").await;
+    broker
+        .command(
+            "t",
+            with_reply("cancelled", "c1", &[("x-delay", AMQPValue::LongInt(800))]),
+            b"x",
+        )
+        .await;
+    broker
+        .command(
+            "t",
+            with_reply("cancelled", "c2", &[("x-redisched-op", text("delete"))]),
+            b"",
+        )
+        .await;
+    broker
+        .command(
+            "t",
+            with_reply("missing", "c3", &[("x-redisched-op", text("delete"))]),
+            b"",
+        )
+        .await;
     // Replace: far-future job replaced by one due now with another body.
-    broker.command("t", with_reply("replaced", "c4", &[("x-delay", AMQPValue::LongInt(600_000))]), b"old").await;
-    broker.command("t", with_reply("replaced", "c5", &[("x-redisched-op", text("replace"))]), b"new").await;
+    broker
+        .command(
+            "t",
+            with_reply(
+                "replaced",
+                "c4",
+                &[("x-delay", AMQPValue::LongInt(600_000))],
+            ),
+            b"old",
+        )
+        .await;
+    broker
+        .command(
+            "t",
+            with_reply("replaced", "c5", &[("x-redisched-op", text("replace"))]),
+            b"new",
+        )
+        .await;
     // Duplicate: the second put of the same id keeps the first.
-    broker.command("t", with_reply("dup", "c6", &[("x-delay", AMQPValue::LongInt(300))]), b"first").await;
-    broker.command("t", with_reply("dup", "c7", &[]), b"second").await;
+    broker
+        .command(
+            "t",
+            with_reply("dup", "c6", &[("x-delay", AMQPValue::LongInt(300))]),
+            b"first",
+        )
+        .await;
+    broker
+        .command("t", with_reply("dup", "c7", &[]), b"second")
+        .await;
 
     let mut answers = std::collections::HashMap::new();
     for (_, reply) in replies.collect(7, 10 * SECOND).await {
-        let corr = reply.properties.correlation_id().as_ref().map(|s| s.to_string()).unwrap_or_default();
+        let corr = reply
+            .properties
+            .correlation_id()
+            .as_ref()
+            .map(|s| s.to_string())
+            .unwrap_or_default();
         let body: serde_json::Value = serde_json::from_slice(&reply.data).expect("json reply");
         answers.insert(corr, body["status"].as_str().unwrap_or("").to_string());
     }
@@ -120,10 +200,23 @@ async fn cancel_replace_duplicate_and_replies() {
     let mut late = ready.drain(1500 * Duration::from_millis(1)).await;
     let mut all = got;
     all.append(&mut late);
-    let bodies: Vec<(String, Vec<u8>)> = all.iter().map(|(_, d)| (message_id(d), d.data.clone())).collect();
-    assert!(bodies.contains(&("replaced".into(), b"new".to_vec())), "{bodies:?}");
-    assert!(bodies.contains(&("dup".into(), b"first".to_vec())), "{bodies:?}");
-    assert_eq!(bodies.len(), 2, "the cancelled job never arrives, each other once: {bodies:?}");
+    let bodies: Vec<(String, Vec<u8>)> = all
+        .iter()
+        .map(|(_, d)| (message_id(d), d.data.clone()))
+        .collect();
+    assert!(
+        bodies.contains(&("replaced".into(), b"new".to_vec())),
+        "{bodies:?}"
+    );
+    assert!(
+        bodies.contains(&("dup".into(), b"first".to_vec())),
+        "{bodies:?}"
+    );
+    assert_eq!(
+        bodies.len(),
+        2,
+        "the cancelled job never arrives, each other once: {bodies:?}"
+    );
     bridge.stop().await;
     broker.cleanup().await;
 }
@@ -135,11 +228,29 @@ async fn deliver_at_in_the_future_and_in_the_past() {
     let mut ready = broker.consume_ready("#").await;
     let bridge = InProcess::start(&config);
     let at = now_ms() + 500;
-    broker.put("t", "future", b"", &[("x-deliver-at", AMQPValue::LongLongInt(at))]).await;
-    broker.put("t", "past", b"", &[("x-deliver-at", text(&(now_ms() - 60_000).to_string()))]).await;
+    broker
+        .put(
+            "t",
+            "future",
+            b"",
+            &[("x-deliver-at", AMQPValue::LongLongInt(at))],
+        )
+        .await;
+    broker
+        .put(
+            "t",
+            "past",
+            b"",
+            &[("x-deliver-at", text(&(now_ms() - 60_000).to_string()))],
+        )
+        .await;
     let got = ready.collect(2, 10 * SECOND).await;
     assert_eq!(got.len(), 2);
-    assert_eq!(message_id(&got[0].1), "past", "the past one is due now, first");
+    assert_eq!(
+        message_id(&got[0].1),
+        "past",
+        "the past one is due now, first"
+    );
     let (arrived, future) = &got[1];
     assert_eq!(message_id(future), "future");
     assert!(*arrived >= at, "{} ms early", at - arrived);
@@ -157,11 +268,45 @@ async fn invalid_commands_are_set_aside_with_a_reason_and_the_bridge_keeps_going
     let bridge = InProcess::start(&config);
 
     let cases: Vec<(&str, BasicProperties, Vec<u8>, &str)> = vec![
-        ("t", BasicProperties::default(), b"no id".to_vec(), "message_id"),
-        ("t", props("bad-delay", &[("x-delay", text("soon"))]), b"d".to_vec(), "x-delay"),
-        ("t", props("too-far", &[("x-delay", AMQPValue::LongLongInt(400 * 86_400_000))]), b"f".to_vec(), "maximum delay"),
-        ("t", props("both", &[("x-delay", AMQPValue::LongInt(1)), ("x-deliver-at", AMQPValue::LongInt(1))]), b"b".to_vec(), "both"),
-        ("t", props("op", &[("x-redisched-op", text("upsert"))]), b"o".to_vec(), "upsert"),
+        (
+            "t",
+            BasicProperties::default(),
+            b"no id".to_vec(),
+            "message_id",
+        ),
+        (
+            "t",
+            props("bad-delay", &[("x-delay", text("soon"))]),
+            b"d".to_vec(),
+            "x-delay",
+        ),
+        (
+            "t",
+            props(
+                "too-far",
+                &[("x-delay", AMQPValue::LongLongInt(400 * 86_400_000))],
+            ),
+            b"f".to_vec(),
+            "maximum delay",
+        ),
+        (
+            "t",
+            props(
+                "both",
+                &[
+                    ("x-delay", AMQPValue::LongInt(1)),
+                    ("x-deliver-at", AMQPValue::LongInt(1)),
+                ],
+            ),
+            b"b".to_vec(),
+            "both",
+        ),
+        (
+            "t",
+            props("op", &[("x-redisched-op", text("upsert"))]),
+            b"o".to_vec(),
+            "upsert",
+        ),
         ("t", props("big", &[]), vec![7u8; 65], "limit is 64"),
         ("bad{topic}", props("topic", &[]), b"t".to_vec(), "topic"),
     ];
@@ -174,11 +319,17 @@ async fn invalid_commands_are_set_aside_with_a_reason_and_the_bridge_keeps_going
     assert_eq!(set_aside.len(), cases.len());
     for ((_, msg), (topic, _, body, reason)) in set_aside.iter().zip(&cases) {
         let error = header_text(msg, "x-redisched-error").expect("reason header");
-        assert!(error.contains(reason), "{error:?} should mention {reason:?}");
+        assert!(
+            error.contains(reason),
+            "{error:?} should mention {reason:?}"
+        );
         assert_eq!(&msg.data, body, "body intact");
         assert_eq!(msg.routing_key.as_str(), *topic);
     }
-    let (_, job) = ready.next(10 * SECOND).await.expect("valid command after invalid ones");
+    let (_, job) = ready
+        .next(10 * SECOND)
+        .await
+        .expect("valid command after invalid ones");
     assert_eq!(message_id(&job), "valid-after");
     bridge.stop().await;
     broker.cleanup().await;
@@ -194,12 +345,18 @@ async fn unroutable_jobs_are_kept_and_delivered_once_a_queue_is_bound() {
 
     let store = common::test_store_named(&config.redis.prefix).await;
     let topic = redisched::job::Topic::new("orphan.topic").unwrap();
-    let job = store.get(&topic, &redisched::job::JobId::new("kept").unwrap()).await.unwrap();
+    let job = store
+        .get(&topic, &redisched::job::JobId::new("kept").unwrap())
+        .await
+        .unwrap();
     let job = job.expect("an unroutable job stays in the store");
     assert!(job.attempts >= 1, "it was tried");
 
     let mut ready = broker.consume_ready("orphan.#").await;
-    let (_, delivered) = ready.next(10 * SECOND).await.expect("delivered after binding");
+    let (_, delivered) = ready
+        .next(10 * SECOND)
+        .await
+        .expect("delivered after binding");
     assert_eq!(message_id(&delivered), "kept");
     assert!(header_i64(&delivered, "x-redisched-attempt").unwrap_or(0) >= 2);
     assert!(ready.drain(SECOND).await.is_empty());
@@ -220,13 +377,29 @@ async fn a_job_put_by_another_client_through_the_lua_script_is_dispatched_prompt
     let p = &config.redis.prefix;
     let keys = ["scheduled", "reserved", "jobs", "seq"].map(|k| format!("{p}:{{foreign}}:{k}"));
     let mut conn = common::raw_redis();
-    let _: i64 = redis::cmd("SADD").arg(format!("{p}:topics")).arg("foreign").query(&mut conn).unwrap();
+    let _: i64 = redis::cmd("SADD")
+        .arg(format!("{p}:topics"))
+        .arg("foreign")
+        .query(&mut conn)
+        .unwrap();
     let sent = now_ms();
     let reply: redis::Value = redis::cmd("EVAL")
         .arg(include_str!("../lua/put.lua"))
         .arg(4)
         .arg(&keys)
-        .arg(&["by-cli", "from elsewhere", "", "nx", "delay", "300", "1000000", "1000", &format!("{p}:notify")][..])
+        .arg(
+            &[
+                "by-cli",
+                "from elsewhere",
+                "",
+                "nx",
+                "delay",
+                "300",
+                "1000000",
+                "1000",
+                &format!("{p}:notify"),
+            ][..],
+        )
         .query(&mut conn)
         .unwrap();
     assert!(format!("{reply:?}").contains("scheduled"), "{reply:?}");
@@ -234,7 +407,11 @@ async fn a_job_put_by_another_client_through_the_lua_script_is_dispatched_prompt
     let (arrived, job) = ready.next(10 * SECOND).await.expect("dispatched");
     assert_eq!(message_id(&job), "by-cli");
     assert!(arrived >= sent + 300);
-    assert!(arrived - sent < 3_000, "took {} ms: not woken by the notification", arrived - sent);
+    assert!(
+        arrived - sent < 3_000,
+        "took {} ms: not woken by the notification",
+        arrived - sent
+    );
     bridge.stop().await;
     broker.cleanup().await;
 }
@@ -250,13 +427,23 @@ async fn two_bridges_deliver_each_job_exactly_once() {
     let n = 600;
     for i in 0..n {
         let topic = format!("pair.{}", i % 3);
-        broker.put(&topic, &format!("job-{i}"), b"x", &[("x-delay", AMQPValue::LongInt((i % 50) as i32 * 10))]).await;
+        broker
+            .put(
+                &topic,
+                &format!("job-{i}"),
+                b"x",
+                &[("x-delay", AMQPValue::LongInt((i % 50) as i32 * 10))],
+            )
+            .await;
     }
     let got = ready.collect(n, 30 * SECOND).await;
     let extra = ready.drain(SECOND).await;
     let counts = id_counts(&got);
     assert_eq!(counts.len(), n, "every job delivered");
-    assert!(extra.is_empty() && counts.values().all(|&c| c == 1), "no duplicates in the normal path");
+    assert!(
+        extra.is_empty() && counts.values().all(|&c| c == 1),
+        "no duplicates in the normal path"
+    );
     first.stop().await;
     second.stop().await;
     broker.cleanup().await;
@@ -283,10 +470,20 @@ async fn a_bridge_killed_mid_dispatch_loses_nothing_after_restart() {
     for (_, d) in &got {
         seen.insert(message_id(d));
     }
-    let missing: Vec<usize> = (0..n).filter(|i| !seen.contains(&format!("job-{i}"))).collect();
-    assert!(missing.is_empty(), "lost {} jobs, e.g. {:?}", missing.len(), &missing[..missing.len().min(5)]);
+    let missing: Vec<usize> = (0..n)
+        .filter(|i| !seen.contains(&format!("job-{i}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "lost {} jobs, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
     let duplicates = got.len() - seen.len();
-    assert!(duplicates <= config.dispatch.window, "duplicates {duplicates} bounded by the confirm window");
+    assert!(
+        duplicates <= config.dispatch.window,
+        "duplicates {duplicates} bounded by the confirm window"
+    );
     let (status, took) = restarted.terminate();
     assert!(status.success(), "SIGTERM exits 0, got {status:?}");
     assert!(took < Duration::from_secs(10), "shutdown took {took:?}");

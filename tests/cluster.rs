@@ -20,7 +20,9 @@ async fn cluster_store(cluster: &Cluster, prefix: &str) -> Store {
         connect_timeout: Duration::from_secs(3),
         response_timeout: Duration::from_secs(5),
     };
-    Store::connect(&options, common::DEFAULT_LIMITS).await.expect("connect to the cluster")
+    Store::connect(&options, common::DEFAULT_LIMITS)
+        .await
+        .expect("connect to the cluster")
 }
 
 fn put(topic: &Topic, id: String, due: Due) -> Op {
@@ -38,7 +40,9 @@ fn put(topic: &Topic, id: String, due: Due) -> Op {
 async fn every_script_works_with_topics_spread_over_the_cluster() {
     let cluster = Cluster::start(3);
     let store = cluster_store(&cluster, "rc").await;
-    let topics: Vec<Topic> = (0..30).map(|i| Topic::new(format!("topic-{i}")).unwrap()).collect();
+    let topics: Vec<Topic> = (0..30)
+        .map(|i| Topic::new(format!("topic-{i}")).unwrap())
+        .collect();
     // One pipelined batch crossing every slot owner.
     let ops: Vec<Op> = topics
         .iter()
@@ -50,12 +54,19 @@ async fn every_script_works_with_topics_spread_over_the_cluster() {
 
     let mut released = 0;
     for topic in &topics {
-        let batch = store.reserve(topic, Duration::from_secs(30), 10).await.unwrap();
+        let batch = store
+            .reserve(topic, Duration::from_secs(30), 10)
+            .await
+            .unwrap();
         assert_eq!(batch.jobs.len(), 4, "{topic}");
         let leases: Vec<Lease> = batch
             .jobs
             .iter()
-            .map(|j| Lease { topic: topic.clone(), id: j.id.clone(), token: j.token })
+            .map(|j| Lease {
+                topic: topic.clone(),
+                id: j.id.clone(),
+                token: j.token,
+            })
             .collect();
         released += store.release(&leases).await.unwrap();
         let stats = store.stats(topic).await.unwrap();
@@ -80,7 +91,12 @@ async fn the_bridge_runs_on_a_cluster_and_rides_through_a_primary_failover() {
     let n = 200;
     for i in 0..n {
         broker
-            .put(&format!("c.{}", i % 20), &format!("job-{i}"), b"x", &[("x-delay", AMQPValue::LongInt(3_000))])
+            .put(
+                &format!("c.{}", i % 20),
+                &format!("job-{i}"),
+                b"x",
+                &[("x-delay", AMQPValue::LongInt(3_000))],
+            )
             .await;
     }
     // Wait until the commands are applied and replicated, then kill a primary.
@@ -94,7 +110,10 @@ async fn the_bridge_runs_on_a_cluster_and_rides_through_a_primary_failover() {
         if total == n as u64 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "only {total} of {n} applied");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {total} of {n} applied"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for port in cluster.masters() {
@@ -108,7 +127,11 @@ async fn the_bridge_runs_on_a_cluster_and_rides_through_a_primary_failover() {
 
     let got = ready.collect(n, Duration::from_secs(60)).await;
     let ids: HashSet<String> = got.iter().map(|(_, d)| message_id(d)).collect();
-    assert_eq!(ids.len(), n, "every replicated job is delivered after the failover");
+    assert_eq!(
+        ids.len(),
+        n,
+        "every replicated job is delivered after the failover"
+    );
     for (arrived, d) in &got {
         let due = header_i64(d, "x-redisched-due-at").unwrap();
         assert!(*arrived >= due, "never early");

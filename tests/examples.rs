@@ -22,7 +22,8 @@ impl Vhost {
                 .unwrap_or(false)
         };
         assert!(
-            ok(&["add_vhost", &name]) && ok(&["set_permissions", "-p", &name, "guest", ".*", ".*", ".*"]),
+            ok(&["add_vhost", &name])
+                && ok(&["set_permissions", "-p", &name, "guest", ".*", ".*", ".*"]),
             "rabbitmqctl could not create a vhost; is RabbitMQ running? {}",
             common::HOW_TO_START_RABBITMQ
         );
@@ -36,7 +37,9 @@ impl Vhost {
 
 impl Drop for Vhost {
     fn drop(&mut self) {
-        let _ = Command::new("rabbitmqctl").args(["delete_vhost", &self.0]).output();
+        let _ = Command::new("rabbitmqctl")
+            .args(["delete_vhost", &self.0])
+            .output();
     }
 }
 
@@ -63,7 +66,10 @@ async fn check_producer(program: &str, args: &[&str]) {
         "{program} {args:?} failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let (arrived, job) = ready.next(Duration::from_secs(15)).await.expect("the scheduled email arrives");
+    let (arrived, job) = ready
+        .next(Duration::from_secs(15))
+        .await
+        .expect("the scheduled email arrives");
     assert_eq!(message_id(&job), "need_some_help_email_42");
     assert_eq!(job.data, b"Need some help?");
     let due = header_i64(&job, "x-redisched-due-at").expect("due header");
@@ -84,7 +90,10 @@ async fn python_pika_producer_example_works() {
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
-    assert!(has_pika, "python3 with pika is needed: pip install pika (scripts/test.sh does it)");
+    assert!(
+        has_pika,
+        "python3 with pika is needed: pip install pika (scripts/test.sh does it)"
+    );
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/python/producer.py");
     check_producer("python3", &[script]).await;
 }
@@ -98,6 +107,10 @@ async fn rust_producer_example_works() {
         .and_then(|deps| deps.parent())
         .map(|dir| dir.join("examples").join("producer"))
         .expect("target dir");
-    assert!(example.exists(), "{} not built; run through `cargo test`", example.display());
+    assert!(
+        example.exists(),
+        "{} not built; run through `cargo test`",
+        example.display()
+    );
     check_producer(example.to_str().expect("utf-8 path"), &[]).await;
 }

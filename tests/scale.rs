@@ -24,12 +24,23 @@ impl PrivateRedis {
             .map(|a| a.port())
             .expect("a free port");
         let mut child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (apt-get install redis-server)");
         for _ in 0..100 {
-            let pong = Command::new("redis-cli").args(["-p", &port.to_string(), "PING"]).output();
+            let pong = Command::new("redis-cli")
+                .args(["-p", &port.to_string(), "PING"])
+                .output();
             if pong.is_ok_and(|o| o.stdout.starts_with(b"PONG")) {
                 return Self { child, port };
             }
@@ -74,7 +85,9 @@ async fn store_at(url: &str, prefix: &str) -> Store {
         connect_timeout: Duration::from_secs(3),
         response_timeout: Duration::from_secs(10),
     };
-    Store::connect(&options, common::DEFAULT_LIMITS).await.expect("connect")
+    Store::connect(&options, common::DEFAULT_LIMITS)
+        .await
+        .expect("connect")
 }
 
 fn put(topic: &str, id: &str, due: Due) -> Op {
@@ -103,7 +116,10 @@ async fn ten_thousand_live_topics_cost_a_bounded_number_of_calls_per_tick() {
     let topics = 10_000;
     // One far-future job per topic: all live, none due during the idle phase.
     for chunk in (0..topics).collect::<Vec<_>>().chunks(1000) {
-        let ops: Vec<Op> = chunk.iter().map(|i| put(&format!("idle.{i}"), "j", Due::Delay(3_600_000))).collect();
+        let ops: Vec<Op> = chunk
+            .iter()
+            .map(|i| put(&format!("idle.{i}"), "j", Due::Delay(3_600_000)))
+            .collect();
         store.apply(&ops).await.expect("load idle topics");
     }
     let broker = Broker::new(&config).await;
@@ -121,13 +137,24 @@ async fn ten_thousand_live_topics_cost_a_bounded_number_of_calls_per_tick() {
     let bound = (redisched::dispatch::RESCAN_CHUNK as f64 * rescans
         + redisched::requeue::CHUNK as f64 * requeues)
         * 1.5;
-    println!("idle with {topics} live topics: {per_second:.0} per-topic calls/s (bound {bound:.0})");
-    assert!(per_second <= bound, "{per_second} calls/s: a tick looks at every topic");
+    println!(
+        "idle with {topics} live topics: {per_second:.0} per-topic calls/s (bound {bound:.0})"
+    );
+    assert!(
+        per_second <= bound,
+        "{per_second} calls/s: a tick looks at every topic"
+    );
 
     // Lateness with all those topics live: 2,000 jobs on 2,000 of them, due in 1–3 s.
     let n = 2_000;
     let ops: Vec<Op> = (0..n)
-        .map(|i| put(&format!("idle.{}", i * 5), &format!("due-{i}"), Due::Delay(1_000 + (i as i64 % 2_000))))
+        .map(|i| {
+            put(
+                &format!("idle.{}", i * 5),
+                &format!("due-{i}"),
+                Due::Delay(1_000 + (i as i64 % 2_000)),
+            )
+        })
         .collect();
     store.apply(&ops).await.expect("due jobs");
     let got = ready.collect(n, Duration::from_secs(30)).await;
@@ -144,7 +171,10 @@ async fn ten_thousand_live_topics_cost_a_bounded_number_of_calls_per_tick() {
         percentile(&lateness, 0.99),
         lateness[lateness.len() - 1]
     );
-    assert!(percentile(&lateness, 0.99) < 1_000, "p99 lateness under a second");
+    assert!(
+        percentile(&lateness, 0.99) < 1_000,
+        "p99 lateness under a second"
+    );
     bridge.stop().await;
     let _ = broker.connection.close(200, "bye".into()).await;
     let mut config_for_cleanup = config.clone();
@@ -159,10 +189,15 @@ async fn a_hot_topic_does_not_starve_the_others() {
     let store = common::test_store_named(&config.redis.prefix).await;
     let hot = 10_000;
     for chunk in (0..hot).collect::<Vec<_>>().chunks(1000) {
-        let ops: Vec<Op> = chunk.iter().map(|i| put("hot", &format!("hot-{i}"), Due::NOW)).collect();
+        let ops: Vec<Op> = chunk
+            .iter()
+            .map(|i| put("hot", &format!("hot-{i}"), Due::NOW))
+            .collect();
         store.apply(&ops).await.expect("hot backlog");
     }
-    let cold: Vec<Op> = (0..20).map(|i| put(&format!("cold.{i}"), "c", Due::NOW)).collect();
+    let cold: Vec<Op> = (0..20)
+        .map(|i| put(&format!("cold.{i}"), "c", Due::NOW))
+        .collect();
     store.apply(&cold).await.expect("cold jobs");
 
     let broker = Broker::new(&config).await;
@@ -174,8 +209,14 @@ async fn a_hot_topic_does_not_starve_the_others() {
         .iter()
         .rposition(|(_, d)| d.routing_key.as_str().starts_with("cold."))
         .expect("cold jobs delivered");
-    println!("the last cold job arrived at position {last_cold} of {}", got.len());
-    assert!(last_cold < 2_000, "cold topics waited behind the hot backlog (position {last_cold})");
+    println!(
+        "the last cold job arrived at position {last_cold} of {}",
+        got.len()
+    );
+    assert!(
+        last_cold < 2_000,
+        "cold topics waited behind the hot backlog (position {last_cold})"
+    );
     bridge.stop().await;
     broker.cleanup().await;
 }
@@ -189,13 +230,25 @@ async fn quorum_queues_carry_commands_and_invalid_ones() {
     let mut invalid = broker.consume_invalid().await;
     let bridge = InProcess::start(&config);
     for i in 0..50 {
-        broker.put("q", &format!("job-{i}"), b"x", &[("x-delay", AMQPValue::LongInt(i * 10))]).await;
+        broker
+            .put(
+                "q",
+                &format!("job-{i}"),
+                b"x",
+                &[("x-delay", AMQPValue::LongInt(i * 10))],
+            )
+            .await;
     }
-    broker.put("q", "bad", b"x", &[("x-delay", text("never"))]).await;
+    broker
+        .put("q", "bad", b"x", &[("x-delay", text("never"))])
+        .await;
     let got = ready.collect(50, Duration::from_secs(20)).await;
     let ids: HashSet<String> = got.iter().map(|(_, d)| message_id(d)).collect();
     assert_eq!(ids.len(), 50);
-    let (_, bad) = invalid.next(Duration::from_secs(10)).await.expect("set aside");
+    let (_, bad) = invalid
+        .next(Duration::from_secs(10))
+        .await
+        .expect("set aside");
     assert_eq!(message_id(&bad), "bad");
     bridge.stop().await;
     broker.cleanup().await;
@@ -209,7 +262,10 @@ async fn three_bridges_share_the_work_and_survive_losing_one() {
     let store = common::test_store_named(&config.redis.prefix).await;
     let n = 6_000;
     for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
-        let ops: Vec<Op> = chunk.iter().map(|i| put(&format!("three.{}", i % 10), &format!("job-{i}"), Due::NOW)).collect();
+        let ops: Vec<Op> = chunk
+            .iter()
+            .map(|i| put(&format!("three.{}", i % 10), &format!("job-{i}"), Due::NOW))
+            .collect();
         store.apply(&ops).await.expect("load");
     }
     let broker = Broker::new(&config).await;
@@ -221,7 +277,9 @@ async fn three_bridges_share_the_work_and_survive_losing_one() {
     let mut got = first;
     let mut ids: HashSet<String> = got.iter().map(|(_, d)| message_id(d)).collect();
     while ids.len() < n {
-        let Some(delivery) = ready.next(Duration::from_secs(20)).await else { break };
+        let Some(delivery) = ready.next(Duration::from_secs(20)).await else {
+            break;
+        };
         ids.insert(message_id(&delivery.1));
         got.push(delivery);
     }
@@ -230,7 +288,10 @@ async fn three_bridges_share_the_work_and_survive_losing_one() {
     got.extend(ready.drain(Duration::from_secs(2)).await);
     let duplicates = got.len() - ids.len();
     println!("three bridges, one killed: {n} jobs, {duplicates} duplicates");
-    assert!(duplicates <= config.dispatch.window, "duplicates bounded by one bridge's window");
+    assert!(
+        duplicates <= config.dispatch.window,
+        "duplicates bounded by one bridge's window"
+    );
     for bridge in bridges.iter_mut().skip(1) {
         let (status, _) = bridge.terminate();
         assert!(status.success());

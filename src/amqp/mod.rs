@@ -88,7 +88,12 @@ pub async fn declare_topology(channel: &Channel, config: &AmqpConfig) -> lapin::
         &config.ready_exchange,
     ] {
         channel
-            .exchange_declare(exchange.as_str().into(), ExchangeKind::Topic, durable, FieldTable::default())
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Topic,
+                durable,
+                FieldTable::default(),
+            )
             .await?;
     }
     let mut commands_args = FieldTable::default();
@@ -123,8 +128,16 @@ pub async fn declare_topology(channel: &Channel, config: &AmqpConfig) -> lapin::
         ..QueueDeclareOptions::default()
     };
     for (queue, exchange, args) in [
-        (&config.commands_queue, &config.commands_exchange, commands_args),
-        (&config.invalid_queue, &config.invalid_exchange, invalid_args),
+        (
+            &config.commands_queue,
+            &config.commands_exchange,
+            commands_args,
+        ),
+        (
+            &config.invalid_queue,
+            &config.invalid_exchange,
+            invalid_args,
+        ),
     ] {
         channel
             .queue_declare(queue.as_str().into(), durable_queue, args)
@@ -149,13 +162,17 @@ fn text(value: &str) -> AMQPValue {
 /// A channel in publisher-confirm mode.
 pub async fn confirm_channel(connection: &Connection) -> lapin::Result<Channel> {
     let channel = connection.create_channel().await?;
-    channel.confirm_select(ConfirmSelectOptions::default()).await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
     Ok(channel)
 }
 
 /// A channel for consuming with at most `prefetch` unacked deliveries.
 pub async fn consumer_channel(connection: &Connection, prefetch: u16) -> lapin::Result<Channel> {
     let channel = connection.create_channel().await?;
-    channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
     Ok(channel)
 }

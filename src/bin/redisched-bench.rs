@@ -99,7 +99,12 @@ async fn main() -> ExitCode {
 
 /// `all` runs the store bench through its own command line, so defaults stay in step.
 async fn store_for_all(quick: bool, out: PathBuf) -> Result<()> {
-    let mut argv = vec!["redisched-bench".into(), "store".into(), "--out".into(), out.into_os_string()];
+    let mut argv = vec![
+        "redisched-bench".into(),
+        "store".into(),
+        "--out".into(),
+        out.into_os_string(),
+    ];
     if quick {
         argv.push("--quick".into());
     }

@@ -240,7 +240,8 @@ impl Dispatcher {
                         {
                             // The channel is gone: hand back everything reserved and not
                             // sent, so it is due again now instead of after the TTR.
-                            self.hand_back(&topic, std::iter::once(job).chain(jobs).collect()).await;
+                            self.hand_back(&topic, std::iter::once(job).chain(jobs).collect())
+                                .await;
                             for (topic, jobs) in topics {
                                 self.hand_back(&topic, jobs).await;
                             }

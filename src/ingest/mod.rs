@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions};
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions,
+};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection, PublisherConfirm};
 use serde_json::json;
@@ -47,7 +49,11 @@ impl Ingest {
     /// Consumes until `shutdown` or a broker error. On shutdown the consumer is
     /// cancelled and the batch in hand is finished; prefetched deliveries that were not
     /// started go back to the queue when the channel closes.
-    pub async fn run(&self, connection: &Connection, shutdown: CancellationToken) -> Result<(), AmqpError> {
+    pub async fn run(
+        &self,
+        connection: &Connection,
+        shutdown: CancellationToken,
+    ) -> Result<(), AmqpError> {
         let cfg = &self.config.amqp;
         let channel = amqp::consumer_channel(connection, self.config.ingest.prefetch).await?;
         let side = amqp::confirm_channel(connection).await?;
@@ -86,7 +92,9 @@ impl Ingest {
         // Best effort and bounded: the connection may already be gone or hung, and
         // unacked deliveries are requeued by the broker either way.
         amqp::close_quietly("ingest channels", async {
-            let _ = channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()).await;
+            let _ = channel
+                .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+                .await;
             let _ = channel.close(200, "shutdown".into()).await;
             let _ = side.close(200, "shutdown".into()).await;
         })
@@ -96,10 +104,18 @@ impl Ingest {
 
     /// Applies a batch and acks it. `Ok(false)`: shutdown came while Redis was
     /// unreachable; the batch stays unacked and will be redelivered.
-    async fn process(&self, side: &Channel, batch: Vec<Delivery>, shutdown: &CancellationToken) -> Result<bool, AmqpError> {
+    async fn process(
+        &self,
+        side: &Channel,
+        batch: Vec<Delivery>,
+        shutdown: &CancellationToken,
+    ) -> Result<bool, AmqpError> {
         let limits = self.store.limits();
         let decoded: Vec<Result<Op, Invalid>> = batch.iter().map(|d| decode(d, limits)).collect();
-        let ops: Vec<Op> = decoded.iter().filter_map(|d| d.as_ref().ok().cloned()).collect();
+        let ops: Vec<Op> = decoded
+            .iter()
+            .filter_map(|d| d.as_ref().ok().cloned())
+            .collect();
         let Some(mut applied) = self.apply_until_done(&ops, shutdown).await else {
             return Ok(false);
         };
@@ -238,7 +254,12 @@ impl Ingest {
     /// Republishes a command, body and properties intact, to the invalid exchange with
     /// its reason. Mandatory: if the invalid queue is gone the publish is returned, the
     /// command is not acked, and the session restarts and re-declares the queue.
-    async fn set_aside(&self, side: &Channel, delivery: &Delivery, reason: &str) -> Result<PublisherConfirm, AmqpError> {
+    async fn set_aside(
+        &self,
+        side: &Channel,
+        delivery: &Delivery,
+        reason: &str,
+    ) -> Result<PublisherConfirm, AmqpError> {
         let mut table = delivery.properties.headers().clone().unwrap_or_default();
         table.insert(
             headers::ERROR.into(),

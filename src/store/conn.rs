@@ -37,7 +37,11 @@ pub fn cluster_seeds(url: &str) -> Option<Vec<String>> {
 }
 
 impl Conn {
-    pub async fn open(url: &str, connect_timeout: Duration, response_timeout: Duration) -> RedisResult<Self> {
+    pub async fn open(
+        url: &str,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> RedisResult<Self> {
         if let Some(seeds) = cluster_seeds(url) {
             let client = ClusterClientBuilder::new(seeds)
                 .connection_timeout(connect_timeout)
@@ -52,7 +56,9 @@ impl Conn {
             .set_response_timeout(Some(response_timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_secs(2));
-        Ok(Conn::Single(ConnectionManager::new_with_config(client, config).await?))
+        Ok(Conn::Single(
+            ConnectionManager::new_with_config(client, config).await?,
+        ))
     }
 }
 
@@ -99,7 +105,10 @@ mod tests {
         assert_eq!(cluster_seeds("redis://h:1/0"), None);
         assert_eq!(
             cluster_seeds("redis-cluster://:pw@a:7000,b:7001/"),
-            Some(vec!["redis://:pw@a:7000".to_string(), "redis://:pw@b:7001".to_string()])
+            Some(vec![
+                "redis://:pw@a:7000".to_string(),
+                "redis://:pw@b:7001".to_string()
+            ])
         );
     }
 }

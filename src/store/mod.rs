@@ -18,16 +18,15 @@ use std::time::Duration;
 use redis::{AsyncCommands, Value};
 
 use crate::job::{
-    Due, JobId, JobInfo, JobState, PutMode, PutOutcome, PutStatus, ReservedJob, Topic,
-    TopicStats,
+    Due, JobId, JobInfo, JobState, PutMode, PutOutcome, PutStatus, ReservedJob, Topic, TopicStats,
 };
 pub use check::{CheckReport, Problem, CHECK_STEP};
 pub use conn::{cluster_seeds, Conn, CLUSTER_SCHEME};
 pub use error::{RejectCode, Rejection, StoreError};
 pub use keys::{KeySpace, TopicKeys};
 use reply::{optional_time, Reader};
-pub use scripts::SOURCES as SCRIPT_SOURCES;
 use scripts::Scripts;
+pub use scripts::SOURCES as SCRIPT_SOURCES;
 
 /// Largest batch a script accepts in one call (`limit` of reserve, pull, requeue and
 /// the pairs of release).
@@ -124,8 +123,11 @@ impl Store {
     /// Connects and loads the scripts. Later reconnects (and `NOSCRIPT` after a Redis
     /// restart) are handled inside; callers only see [`StoreError::Unavailable`].
     pub async fn connect(options: &ConnectOptions, limits: Limits) -> Result<Self, StoreError> {
-        let (url, connect_timeout, response_timeout) =
-            (options.url.clone(), options.connect_timeout, options.response_timeout);
+        let (url, connect_timeout, response_timeout) = (
+            options.url.clone(),
+            options.connect_timeout,
+            options.response_timeout,
+        );
         let conn = link::Link::open(move || {
             let url = url.clone();
             async move { Conn::open(&url, connect_timeout, response_timeout).await }
@@ -191,7 +193,9 @@ impl Store {
                             continue;
                         }
                         match StoreError::from(err) {
-                            StoreError::Rejected(rejection) => results[index] = Some(Err(rejection)),
+                            StoreError::Rejected(rejection) => {
+                                results[index] = Some(Err(rejection))
+                            }
                             other => return Err(other),
                         }
                     }
@@ -232,14 +236,20 @@ impl Store {
             for invocation in &invocations {
                 pipe.invoke_script(invocation);
             }
-            return Ok(pipe.query_async::<Vec<Value>>(&mut self.conn.clone()).await?);
+            return Ok(pipe
+                .query_async::<Vec<Value>>(&mut self.conn.clone())
+                .await?);
         }
 
         // A cluster refuses pipelines that cross slots: one pipeline per topic (each
         // keeps its commands in order, which is the order that matters: ids live in a
         // topic), all in flight at once.
         if !new_topics.is_empty() {
-            let _: i64 = self.conn.clone().sadd(self.keys.topics(), &new_topics).await?;
+            let _: i64 = self
+                .conn
+                .clone()
+                .sadd(self.keys.topics(), &new_topics)
+                .await?;
         }
         let mut groups: Vec<(&Topic, Vec<usize>)> = Vec::new();
         for (position, &index) in indices.iter().enumerate() {
@@ -251,7 +261,10 @@ impl Store {
         }
         let replies = futures_util::future::join_all(groups.iter().map(|(_, positions)| {
             let mut conn = self.conn.clone();
-            let invocations: Vec<_> = positions.iter().map(|&p| self.invocation(&ops[indices[p]])).collect();
+            let invocations: Vec<_> = positions
+                .iter()
+                .map(|&p| self.invocation(&ops[indices[p]]))
+                .collect();
             async move {
                 let mut pipe = redis::pipe();
                 pipe.ignore_errors();
@@ -332,7 +345,12 @@ impl Store {
     }
 
     /// Takes up to `limit` due jobs under a reservation of `ttr`. See `lua/reserve.lua`.
-    pub async fn reserve(&self, topic: &Topic, ttr: Duration, limit: usize) -> Result<Batch, StoreError> {
+    pub async fn reserve(
+        &self,
+        topic: &Topic,
+        ttr: Duration,
+        limit: usize,
+    ) -> Result<Batch, StoreError> {
         let ttr_ms = u64::try_from(ttr.as_millis()).unwrap_or(u64::MAX).max(1);
         let value: Value = self
             .scripts
@@ -348,13 +366,20 @@ impl Store {
     /// [`Store::reserve`] on many topics in one round trip (concurrently on a cluster):
     /// with thousands of topics of a few jobs each, one call per topic would make the
     /// round trip, not Redis, the limit.
-    pub async fn reserve_many(&self, topics: &[Topic], ttr: Duration, limit: usize) -> Result<Vec<Batch>, StoreError> {
+    pub async fn reserve_many(
+        &self,
+        topics: &[Topic],
+        ttr: Duration,
+        limit: usize,
+    ) -> Result<Vec<Batch>, StoreError> {
         let ttr_ms = u64::try_from(ttr.as_millis()).unwrap_or(u64::MAX).max(1);
         let invocations: Vec<_> = topics
             .iter()
             .map(|topic| {
                 let mut inv = self.scripts.reserve.prepare_invoke();
-                inv.key(&self.keys.topic(topic).0).arg(ttr_ms).arg(limit.clamp(1, MAX_BATCH));
+                inv.key(&self.keys.topic(topic).0)
+                    .arg(ttr_ms)
+                    .arg(limit.clamp(1, MAX_BATCH));
                 inv
             })
             .collect();
@@ -366,7 +391,12 @@ impl Store {
                 Some(value) => batches.push(decode_batch("reserve", value)?),
                 None => {
                     skipped.push(batches.len());
-                    batches.push(Batch { now: 0, next_due: None, jobs: Vec::new(), corrupt: Vec::new() });
+                    batches.push(Batch {
+                        now: 0,
+                        next_due: None,
+                        jobs: Vec::new(),
+                        corrupt: Vec::new(),
+                    });
                 }
             }
         }
@@ -390,7 +420,10 @@ impl Store {
     /// Each reply stands on its own: a call that Redis refused (a topic with a key of
     /// the wrong type, say) is an `Err` in its place and the others still count, so one
     /// damaged topic cannot fail a whole group. An unreachable Redis fails the lot.
-    async fn invoke_each(&self, invocations: &[redis::ScriptInvocation<'_>]) -> Result<Vec<redis::RedisResult<Value>>, StoreError> {
+    async fn invoke_each(
+        &self,
+        invocations: &[redis::ScriptInvocation<'_>],
+    ) -> Result<Vec<redis::RedisResult<Value>>, StoreError> {
         // An empty pipeline is a client error ("empty command"), e.g. a requeue sweep
         // before the first topic exists.
         if invocations.is_empty() {
@@ -417,7 +450,10 @@ impl Store {
 
     /// [`Store::query_each`] with one result per command: a command's own error does not
     /// hide the replies of the others.
-    async fn query_each_reply(&self, commands: Vec<redis::Cmd>) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
+    async fn query_each_reply(
+        &self,
+        commands: Vec<redis::Cmd>,
+    ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
         if let Conn::Single(_) = self.conn.current() {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
@@ -433,11 +469,13 @@ impl Store {
                 })
                 .collect());
         }
-        Ok(futures_util::future::join_all(commands.into_iter().map(|command| {
-            let mut conn = self.conn.clone();
-            async move { command.query_async::<Value>(&mut conn).await }
-        }))
-        .await)
+        Ok(
+            futures_util::future::join_all(commands.into_iter().map(|command| {
+                let mut conn = self.conn.clone();
+                async move { command.query_async::<Value>(&mut conn).await }
+            }))
+            .await,
+        )
     }
 
     /// Takes up to `limit` due jobs and deletes them at once. See `lua/pull.lua`.
@@ -534,7 +572,11 @@ impl Store {
     }
 
     /// [`Store::requeue`] for many topics in one round trip (concurrently on a cluster).
-    pub async fn requeue_many(&self, topics: &[Topic], limit: usize) -> Result<Vec<Requeued>, StoreError> {
+    pub async fn requeue_many(
+        &self,
+        topics: &[Topic],
+        limit: usize,
+    ) -> Result<Vec<Requeued>, StoreError> {
         let invocations: Vec<_> = topics
             .iter()
             .map(|topic| {
@@ -552,7 +594,10 @@ impl Store {
             .map(|(topic, reply)| {
                 // A refused topic requeues nothing (and is logged).
                 let Some(value) = per_topic("requeue", topic, reply)? else {
-                    return Ok(Requeued { count: 0, next_deadline: None });
+                    return Ok(Requeued {
+                        count: 0,
+                        next_deadline: None,
+                    });
                 };
                 let mut reply = Reader::new("requeue", value)?;
                 Ok(Requeued {
@@ -580,7 +625,12 @@ impl Store {
             "scheduled" => JobState::Scheduled,
             "reserved" => JobState::Reserved,
             "unindexed" => JobState::Unindexed,
-            other => return Err(StoreError::bad_reply("get", format!("unknown state {other}"))),
+            other => {
+                return Err(StoreError::bad_reply(
+                    "get",
+                    format!("unknown state {other}"),
+                ))
+            }
         };
         Ok(Some(JobInfo {
             state,
@@ -614,7 +664,12 @@ impl Store {
     }
 
     /// The next scheduled jobs of a topic, earliest first: `(id, due_at)`.
-    pub async fn list(&self, topic: &Topic, limit: usize, offset: usize) -> Result<Vec<(String, i64)>, StoreError> {
+    pub async fn list(
+        &self,
+        topic: &Topic,
+        limit: usize,
+        offset: usize,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
         let value: Value = self
             .scripts
             .list
@@ -663,14 +718,21 @@ impl Store {
     /// `SADD <prefix>:topics`). Names that are not valid topics are skipped.
     pub async fn topics(&self) -> Result<Vec<Topic>, StoreError> {
         let names: Vec<String> = self.conn.clone().smembers(self.keys.topics()).await?;
-        let mut topics: Vec<Topic> = names.into_iter().filter_map(|n| Topic::new(n).ok()).collect();
+        let mut topics: Vec<Topic> = names
+            .into_iter()
+            .filter_map(|n| Topic::new(n).ok())
+            .collect();
         topics.sort();
         Ok(topics)
     }
 
     /// One step of an incremental walk over the known topics (`SSCAN`): the next
     /// cursor (0 when the walk is complete) and about `count` topics.
-    pub async fn scan_topics(&self, cursor: u64, count: usize) -> Result<(u64, Vec<Topic>), StoreError> {
+    pub async fn scan_topics(
+        &self,
+        cursor: u64,
+        count: usize,
+    ) -> Result<(u64, Vec<Topic>), StoreError> {
         let (next, names): (u64, Vec<String>) = redis::cmd("SSCAN")
             .arg(self.keys.topics())
             .arg(cursor)
@@ -678,24 +740,38 @@ impl Store {
             .arg(count)
             .query_async(&mut self.conn.clone())
             .await?;
-        Ok((next, names.into_iter().filter_map(|n| Topic::new(n).ok()).collect()))
+        Ok((
+            next,
+            names
+                .into_iter()
+                .filter_map(|n| Topic::new(n).ok())
+                .collect(),
+        ))
     }
 
     /// Adds a topic to the known set (puts through [`Store::apply`] do it themselves).
     pub async fn register_topic(&self, topic: &Topic) -> Result<(), StoreError> {
-        let _: i64 = self.conn.clone().sadd(self.keys.topics(), topic.as_str()).await?;
+        let _: i64 = self
+            .conn
+            .clone()
+            .sadd(self.keys.topics(), topic.as_str())
+            .await?;
         Ok(())
     }
 
     /// The Redis server's clock, epoch ms: the one clock every due time refers to.
     pub async fn server_time(&self) -> Result<i64, StoreError> {
-        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut self.conn.clone()).await?;
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut self.conn.clone())
+            .await?;
         Ok(secs * 1000 + micros / 1000)
     }
 
     /// `PING`, for readiness checks.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let _: String = redis::cmd("PING").query_async(&mut self.conn.clone()).await?;
+        let _: String = redis::cmd("PING")
+            .query_async(&mut self.conn.clone())
+            .await?;
         Ok(())
     }
 }
@@ -713,7 +789,11 @@ fn single_command(add: impl FnOnce(&mut redis::Pipeline) -> &mut redis::Pipeline
 /// topic (damaged data: a key of the wrong type, an unreadable record), which is logged
 /// so an operator runs `redisched check`; the other topics go on. An unavailable Redis
 /// is an error for the whole call.
-fn per_topic(what: &str, topic: &Topic, reply: redis::RedisResult<Value>) -> Result<Option<Value>, StoreError> {
+fn per_topic(
+    what: &str,
+    topic: &Topic,
+    reply: redis::RedisResult<Value>,
+) -> Result<Option<Value>, StoreError> {
     match reply {
         Ok(value) => Ok(Some(value)),
         Err(err) => match StoreError::from(err) {
@@ -734,7 +814,12 @@ fn decode_applied(op: &Op, value: Value) -> Result<Applied, StoreError> {
                 "scheduled" => PutStatus::Scheduled,
                 "replaced" => PutStatus::Replaced,
                 "duplicate" => PutStatus::Duplicate,
-                other => return Err(StoreError::bad_reply("put", format!("unknown status {other}"))),
+                other => {
+                    return Err(StoreError::bad_reply(
+                        "put",
+                        format!("unknown status {other}"),
+                    ))
+                }
             };
             let due_at = reply.int("due_at")?;
             Ok(Applied::Put(PutOutcome { status, due_at }))
