@@ -22,6 +22,8 @@ pub struct Params {
     pub body_bytes: usize,
     /// Confirm window of the bridge (`dispatch.window`) and of the ceiling publisher.
     pub window: usize,
+    /// Bridge processes sharing the work (several bridges scale out dispatch).
+    pub bridges: usize,
 }
 
 pub async fn run(env: &Env, params: &Params) -> Result<Value> {
@@ -100,6 +102,9 @@ async fn measure(
     let sink = common::sink(&connection, &sink_queue, false).await?;
     let mark = common::CpuMark::now();
     let mut bridge = Bridge::start(env, config)?;
+    let others = (1..params.bridges)
+        .map(|_| Bridge::start(env, config))
+        .collect::<Result<Vec<_>>>()?;
     let started = bridge.started;
     let (consumed, series, first, rss_peak) = watch_sink(
         &sink,
@@ -130,6 +135,9 @@ async fn measure(
     let rss_idle = bridge.rss_kib();
     let cpu = bridge.cpu_seconds();
     bridge.stop()?;
+    for other in others {
+        other.stop()?;
+    }
     sink.stop().await;
     let (after, _) = ceiling(
         &connection,
@@ -152,6 +160,7 @@ async fn measure(
         "jobs": n,
         "body_bytes": params.body_bytes,
         "window": window,
+        "bridges": params.bridges,
         "bridge": {
             "seconds": common::round2(bridge_time.as_secs_f64()),
             "jobs_per_s": bridge_rate.round(),

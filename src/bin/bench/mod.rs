@@ -77,6 +77,9 @@ pub struct RunArgs {
     /// Confirm window of the bridge and of the ceiling publisher (dispatch).
     #[arg(long, default_value_t = 1000)]
     pub window: usize,
+    /// Bridge processes dispatching together (dispatch); CPU and RSS are the first's.
+    #[arg(long, default_value_t = 1)]
+    pub bridges: usize,
     /// Body size of dispatched and ingested jobs.
     #[arg(long, default_value_t = 200)]
     pub body_bytes: usize,
@@ -127,6 +130,7 @@ impl RunArgs {
             jobs: self.pick(&self.jobs, 200_000, 10_000),
             body_bytes: self.body_bytes,
             window: self.window,
+            bridges: self.bridges.max(1),
         }
     }
     fn ingest(&self) -> ingest::Params {
