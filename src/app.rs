@@ -209,9 +209,14 @@ async fn supervise(
 ) {
     let min_backoff = Duration::from_millis(config.amqp.reconnect_min_ms);
     let mut backoff = min_backoff;
+    // Counts sessions: each one starts with the next broker of `amqp.url` (if it lists
+    // several), so after a node loss the first attempt goes to another node.
+    let mut attempt = 0;
     while !shutdown.is_cancelled() {
         let started = Instant::now();
-        match session(stage, config, metrics, shutdown, &mut run).await {
+        let result = session(stage, config, metrics, shutdown, &mut run, attempt).await;
+        attempt += 1;
+        match result {
             Ok(()) => return,
             Err(err) => {
                 if started.elapsed() > Duration::from_secs(30) {
@@ -235,6 +240,7 @@ async fn session(
     metrics: &Metrics,
     shutdown: &CancellationToken,
     run: &mut impl OverAmqp,
+    attempt: usize,
 ) -> Result<(), AmqpError> {
     let name = format!(
         "redisched {} {} pid {}",
@@ -242,11 +248,15 @@ async fn session(
         stage.name(),
         std::process::id()
     );
+    // 20 s for each broker listed: `amqp::connect` tries them in turn.
+    let brokers = crate::config::amqp_urls(&config.amqp.url).len().max(1) as u32;
     let open = async {
-        let connection =
-            tokio::time::timeout(Duration::from_secs(20), amqp::connect(&config.amqp, &name))
-                .await
-                .map_err(|_| AmqpError::Timeout("connection attempt timed out after 20 s"))??;
+        let (connection, url) = tokio::time::timeout(
+            Duration::from_secs(20) * brokers,
+            amqp::connect(&config.amqp, &name, attempt),
+        )
+        .await
+        .map_err(|_| AmqpError::Timeout("connection attempt timed out after 20 s per broker"))??;
         let setup = connection.create_channel().await?;
         amqp::declare_topology(&setup, &config.amqp).await?;
         amqp::close_quietly(
@@ -254,16 +264,16 @@ async fn session(
             setup.close(200, "topology declared".into()),
         )
         .await;
-        Ok::<_, AmqpError>(connection)
+        Ok::<_, AmqpError>((connection, url))
     };
     // A broker that accepts the TCP connection and then hangs must not hold up a
     // shutdown until the heartbeat timeout.
-    let connection = tokio::select! {
+    let (connection, url) = tokio::select! {
         _ = shutdown.cancelled() => return Ok(()),
         opened = open => opened?,
     };
     metrics.set_stage_ready(stage, true);
-    tracing::info!(stage = stage.name(), url = %crate::config::redact_url(&config.amqp.url), "connected to AMQP; topology declared");
+    tracing::info!(stage = stage.name(), %url, "connected to AMQP; topology declared");
     let result = run.run(&connection, shutdown.child_token()).await;
     metrics.set_stage_ready(stage, false);
     amqp::close_quietly("connection", connection.close(200, "bye".into())).await;

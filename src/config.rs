@@ -259,10 +259,20 @@ impl Config {
                 "must be non-empty and free of braces",
             ));
         }
-        url::Url::parse(&self.amqp.url)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "amqp" | "amqps"))
-            .ok_or_else(|| invalid("amqp.url", "expected amqp://user:pass@host:port/vhost"))?;
+        // One URL, or several (the nodes of a cluster) separated by commas: each must be
+        // an amqp:// or amqps:// URL.
+        let amqp_ok = |url: &str| {
+            url::Url::parse(url)
+                .ok()
+                .is_some_and(|u| matches!(u.scheme(), "amqp" | "amqps"))
+        };
+        let amqp = amqp_urls(&self.amqp.url);
+        if amqp.is_empty() || !amqp.iter().all(|u| amqp_ok(u)) {
+            return Err(invalid(
+                "amqp.url",
+                "expected amqp://user:pass@host:port/vhost, or several separated by commas",
+            ));
+        }
         for (key, name) in [
             ("amqp.commands_exchange", &self.amqp.commands_exchange),
             ("amqp.commands_queue", &self.amqp.commands_queue),
@@ -376,19 +386,33 @@ impl Config {
     }
 }
 
-/// `amqp://user:secret@host/` -> `amqp://user:***@host/`; anything unparsable is
-/// masked whole rather than risk printing a secret.
+/// The broker URLs of `amqp.url`: one, or several separated by commas (tried in turn by
+/// `amqp::connect`). A comma inside a password must be percent-encoded (`%2C`).
+pub fn amqp_urls(raw: &str) -> Vec<&str> {
+    raw.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect()
+}
+
+/// `amqp://user:secret@host/` -> `amqp://user:***@host/`, in each part of a
+/// comma-separated list; any part that is not a URL with a host (unparsable, or a piece
+/// of a password that contained a comma) is masked whole rather than risk printing a
+/// secret.
 pub fn redact_url(raw: &str) -> String {
-    match url::Url::parse(raw) {
-        Ok(mut url) => {
-            if url.password().is_some() {
-                // Setting a password only fails for URLs that cannot have one.
-                let _ = url.set_password(Some("***"));
+    raw.split(',')
+        .map(|part| match url::Url::parse(part.trim()) {
+            Ok(mut url) if url.has_host() => {
+                if url.password().is_some() {
+                    // Setting a password only fails for URLs that cannot have one.
+                    let _ = url.set_password(Some("***"));
+                }
+                url.to_string()
             }
-            url.to_string()
-        }
-        Err(_) => "***".into(),
-    }
+            _ => "***".into(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[cfg(test)]
@@ -434,6 +458,31 @@ mod tests {
         );
         assert_eq!(redact_url("redis://:pw@h:6379/0"), "redis://:***@h:6379/0");
         assert_eq!(redact_url("not a url"), "***");
+    }
+
+    #[test]
+    fn several_amqp_urls_are_validated_and_redacted_each() {
+        let list = "amqp://guest:s1@h1:5672/%2f, amqp://u:s2@h2:5673/v,amqps://h3/%2f";
+        assert_eq!(
+            redact_url(list),
+            "amqp://guest:***@h1:5672/%2f,amqp://u:***@h2:5673/v,amqps://h3/%2f"
+        );
+        // A password with a raw comma splits into pieces that are not URLs: all masked.
+        let raw_comma = redact_url("amqp://u:se,cret@h:5672/%2f");
+        assert!(
+            !raw_comma.contains("se") && !raw_comma.contains("cret"),
+            "{raw_comma}"
+        );
+        assert_eq!(amqp_urls(list).len(), 3);
+
+        let mut config = Config::default();
+        config.amqp.url = list.into();
+        config.validate().expect("a list of amqp URLs is valid");
+        config.amqp.url = "amqp://h1/%2f,redis://h2".into();
+        let err = config.validate().expect_err("every part must be amqp");
+        assert!(err.to_string().contains("amqp.url"), "{err}");
+        config.amqp.url = " , ".into();
+        config.validate().expect_err("no URL at all");
     }
 }
 

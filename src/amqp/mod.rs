@@ -65,9 +65,41 @@ pub async fn close_quietly<T>(what: &'static str, step: impl Future<Output = T>)
     }
 }
 
-/// Opens a connection named `name` (shown in the broker's connection list).
-pub async fn connect(config: &AmqpConfig, name: &str) -> Result<Connection, AmqpError> {
-    let mut uri: lapin::uri::AMQPUri = config.url.parse().map_err(AmqpError::Url)?;
+/// Opens a connection named `name` (shown in the broker's connection list) to the first
+/// broker of `amqp.url` that answers, and returns it with the (redacted) URL used.
+///
+/// `amqp.url` may list several brokers, comma-separated (the nodes of a cluster). They
+/// are tried in order starting at index `start` (modulo their number), wrapping around:
+/// the caller passes a count that grows on each reconnect, so a reconnect after a node
+/// loss starts with the next node instead of waiting on the lost one first. A single
+/// URL behaves exactly as before.
+pub async fn connect(
+    config: &AmqpConfig,
+    name: &str,
+    start: usize,
+) -> Result<(Connection, String), AmqpError> {
+    let urls = crate::config::amqp_urls(&config.url);
+    if urls.is_empty() {
+        return Err(AmqpError::Url("no AMQP URL".into()));
+    }
+    let mut last_error = None;
+    for i in 0..urls.len() {
+        let url = urls[(start + i) % urls.len()];
+        match connect_one(config, url, name).await {
+            Ok(connection) => return Ok((connection, crate::config::redact_url(url))),
+            Err(err) => {
+                if urls.len() > 1 {
+                    tracing::warn!(url = %crate::config::redact_url(url), error = %err, "cannot connect to this broker; trying the next");
+                }
+                last_error = Some(err);
+            }
+        }
+    }
+    Err(last_error.unwrap_or(AmqpError::Ended))
+}
+
+async fn connect_one(config: &AmqpConfig, url: &str, name: &str) -> Result<Connection, AmqpError> {
+    let mut uri: lapin::uri::AMQPUri = url.parse().map_err(AmqpError::Url)?;
     uri.query.heartbeat = Some(config.heartbeat_secs);
     // Without a timeout a black-holed broker address would hang the connect forever.
     uri.query.connection_timeout.get_or_insert(10_000);

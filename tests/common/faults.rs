@@ -208,6 +208,12 @@ pub struct PrivateRabbit {
 
 impl PrivateRabbit {
     pub fn start() -> Result<Self, String> {
+        Self::start_with_cookie(None)
+    }
+
+    /// As [`start`](Self::start), with `cookie` written to the node's `.erlang.cookie`
+    /// first: nodes (and their CLI tools) sharing a cookie can form a cluster.
+    pub fn start_with_cookie(cookie: Option<&str>) -> Result<Self, String> {
         static NODES: AtomicU64 = AtomicU64::new(0);
         let node = format!(
             "rs{}n{}t{}@localhost",
@@ -217,6 +223,14 @@ impl PrivateRabbit {
         );
         let dir = TempDir::new("rabbit");
         std::fs::write(dir.path().join("enabled_plugins"), "[].\n").map_err(|e| e.to_string())?;
+        if let Some(cookie) = cookie {
+            use std::os::unix::fs::PermissionsExt;
+            let path = dir.path().join(".erlang.cookie");
+            std::fs::write(&path, cookie).map_err(|e| e.to_string())?;
+            // Erlang refuses a cookie file others can read.
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400))
+                .map_err(|e| e.to_string())?;
+        }
         std::fs::write(dir.path().join("rabbitmq.conf"), "log.console = false\n")
             .map_err(|e| e.to_string())?;
         let port = free_port_in(20_000..30_000);
