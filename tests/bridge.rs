@@ -489,3 +489,57 @@ async fn a_bridge_killed_mid_dispatch_loses_nothing_after_restart() {
     assert!(took < Duration::from_secs(10), "shutdown took {took:?}");
     broker.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bridge_recovers_when_the_broker_cancels_its_consumer() {
+    let config = test_config("cancel");
+    let broker = Broker::new(&config).await;
+    let mut ready = broker.consume_ready("#").await;
+    let bridge = InProcess::start(&config);
+    broker.put("t", "before", b"", &[]).await;
+    assert!(
+        ready.next(10 * SECOND).await.is_some(),
+        "the bridge consumes"
+    );
+
+    // Deleting the queue makes the broker cancel the bridge's consumer (basic.cancel).
+    broker
+        .channel
+        .queue_delete(
+            config.amqp.commands_queue.as_str().into(),
+            lapin::options::QueueDeleteOptions::default(),
+        )
+        .await
+        .expect("delete the commands queue");
+    // The bridge notices, reconnects and declares the queue again.
+    let mut probe = broker.connection.create_channel().await.expect("channel");
+    let deadline = std::time::Instant::now() + 20 * SECOND;
+    loop {
+        let declared = probe
+            .queue_declare(
+                config.amqp.commands_queue.as_str().into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                lapin::types::FieldTable::default(),
+            )
+            .await;
+        match declared {
+            Ok(queue) if queue.consumer_count() > 0 => break,
+            Ok(_) => {}
+            // A failed passive declare closes the channel: open another.
+            Err(_) => probe = broker.connection.create_channel().await.expect("channel"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bridge did not re-declare and consume again"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    broker.put("t", "after", b"", &[]).await;
+    let (_, job) = ready.next(10 * SECOND).await.expect("commands flow again");
+    assert_eq!(message_id(&job), "after");
+    bridge.stop().await;
+    broker.cleanup().await;
+}
