@@ -34,6 +34,8 @@ pub struct RedisConfig {
     pub prefix: String,
     pub connect_timeout_ms: u64,
     pub response_timeout_ms: u64,
+    /// PEM file of CAs trusted besides the system roots (`rediss://` only); empty = none.
+    pub tls_ca_file: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -58,6 +60,8 @@ pub struct AmqpConfig {
     /// Backoff between reconnect attempts, doubling up to the max.
     pub reconnect_min_ms: u64,
     pub reconnect_max_ms: u64,
+    /// PEM file of CAs trusted besides the system roots (`amqps://` only); empty = none.
+    pub tls_ca_file: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -124,6 +128,7 @@ impl Default for RedisConfig {
             prefix: "redisched".into(),
             connect_timeout_ms: 5_000,
             response_timeout_ms: 5_000,
+            tls_ca_file: String::new(),
         }
     }
 }
@@ -143,6 +148,7 @@ impl Default for AmqpConfig {
             heartbeat_secs: 10,
             reconnect_min_ms: 200,
             reconnect_max_ms: 10_000,
+            tls_ca_file: String::new(),
         }
     }
 }
@@ -355,7 +361,7 @@ impl Config {
         }
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|e| invalid("log.level", e.to_string()))?;
-        Ok(())
+        crate::tls::validate(self)
     }
 
     pub fn connect_options(&self) -> ConnectOptions {

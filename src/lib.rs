@@ -20,3 +20,4 @@ pub mod metrics;
 pub mod requeue;
 pub mod store;
 pub mod telemetry;
+pub mod tls;

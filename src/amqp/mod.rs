@@ -45,6 +45,8 @@ pub enum AmqpError {
     Timeout(&'static str),
     #[error("AMQP session ended unexpectedly")]
     Ended,
+    #[error("AMQP TLS: {0}")]
+    Tls(String),
     /// The broker refused a publish the bridge must not lose (set-aside commands).
     #[error("the broker did not confirm the publish to {exchange}")]
     NotConfirmed { exchange: String },
@@ -104,7 +106,14 @@ async fn connect_one(config: &AmqpConfig, url: &str, name: &str) -> Result<Conne
     // Without a timeout a black-holed broker address would hang the connect forever.
     uri.query.connection_timeout.get_or_insert(10_000);
     let properties = ConnectionProperties::default().with_connection_name(name.into());
-    Ok(Connection::connect_uri(uri, properties).await?)
+    // amqps:// (TLS) with the CAs of `amqp.tls_ca_file` trusted besides the system roots.
+    let Some(ca_file) = crate::tls::ca_file(&config.tls_ca_file) else {
+        return Ok(Connection::connect_uri(uri, properties).await?);
+    };
+    let tls =
+        crate::tls::amqp_tls_config(Some(ca_file)).map_err(|e| AmqpError::Tls(e.to_string()))?;
+    let runtime = lapin::runtime::default_runtime()?;
+    Ok(Connection::connect_uri_with_config(uri, properties, tls, runtime).await?)
 }
 
 /// Declares exchanges, queues and bindings (idempotent). Queue arguments must match an

@@ -74,6 +74,7 @@ pub fn parse_notification(payload: &[u8]) -> Option<(Topic, i64)> {
 /// away are lost.
 pub async fn listen(
     redis_url: String,
+    ca_file: Option<std::path::PathBuf>,
     channel: String,
     wake: std::sync::Arc<Wake>,
     shutdown: CancellationToken,
@@ -91,7 +92,7 @@ pub async fn listen(
         let node = nodes[attempt % nodes.len()].clone();
         attempt += 1;
         let subscribed = async {
-            let client = redis::Client::open(node.as_str())?;
+            let client = crate::tls::redis_client(node.as_str(), ca_file.as_deref())?;
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&channel).await?;
             Ok::<_, redis::RedisError>(pubsub)

@@ -4,6 +4,7 @@
 //! (seed nodes). Every script names all its keys in KEYS under one hash tag, so the
 //! cluster client can route each call to the one node that owns the topic.
 
+use std::path::Path;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -37,8 +38,10 @@ pub fn cluster_seeds(url: &str) -> Option<Vec<String>> {
 }
 
 impl Conn {
+    /// `ca_file`: CAs trusted besides the system roots on a `rediss://` link.
     pub async fn open(
         url: &str,
+        ca_file: Option<&Path>,
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> RedisResult<Self> {
@@ -50,7 +53,7 @@ impl Conn {
                 .build()?;
             return Ok(Conn::Cluster(client.get_async_connection().await?));
         }
-        let client = redis::Client::open(url)?;
+        let client = crate::tls::redis_client(url, ca_file)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(response_timeout))

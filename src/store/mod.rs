@@ -123,17 +123,31 @@ impl Store {
     /// Connects and loads the scripts. Later reconnects (and `NOSCRIPT` after a Redis
     /// restart) are handled inside; callers only see [`StoreError::Unavailable`].
     pub async fn connect(options: &ConnectOptions, limits: Limits) -> Result<Self, StoreError> {
+        Self::connect_with_ca(options, None, limits).await
+    }
+
+    /// [`Store::connect`] trusting the CAs of `ca_file` (PEM) besides the system roots
+    /// on a `rediss://` link (`redis.tls_ca_file`).
+    pub async fn connect_with_ca(
+        options: &ConnectOptions,
+        ca_file: Option<&std::path::Path>,
+        limits: Limits,
+    ) -> Result<Self, StoreError> {
         let (url, connect_timeout, response_timeout) = (
             options.url.clone(),
             options.connect_timeout,
             options.response_timeout,
         );
-        let conn = link::Link::open(move || {
-            let url = url.clone();
-            async move { Conn::open(&url, connect_timeout, response_timeout).await }
-        })
-        .await
-        .map_err(StoreError::Unavailable)?;
+        let ca_file = ca_file.map(std::path::Path::to_path_buf);
+        let conn =
+            link::Link::open(move || {
+                let (url, ca_file) = (url.clone(), ca_file.clone());
+                async move {
+                    Conn::open(&url, ca_file.as_deref(), connect_timeout, response_timeout).await
+                }
+            })
+            .await
+            .map_err(StoreError::Unavailable)?;
         let store = Self {
             conn,
             keys: KeySpace::new(options.prefix.clone()),
