@@ -2,6 +2,7 @@
 # Tools the operator-surface tests need, from Debian's packages, installed if missing:
 #   chromium + chromium-driver  tests/dashboard.rs drives the web dashboard headless
 #   docker-compose              tests/compose.rs validates docker-compose.yml (no engine needed)
+#   openssl                     tests/tls.rs makes a throwaway CA and certificates
 # Idempotent; scripts/test.sh runs it before `cargo test`.
 set -euo pipefail
 
@@ -22,4 +23,8 @@ if ! command -v docker-compose >/dev/null; then
   # Only the compose CLI: its recommended docker.io engine is not needed to validate a file.
   apt_install --no-install-recommends docker-compose
 fi
-echo "chromium, chromedriver and docker-compose are installed"
+if ! command -v openssl >/dev/null; then
+  echo "installing openssl (tests/tls.rs makes throwaway certificates)"
+  apt_install openssl
+fi
+echo "chromium, chromedriver, docker-compose and openssl are installed"
