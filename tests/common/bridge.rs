@@ -40,69 +40,9 @@ pub fn test_config(label: &str) -> Config {
     config
 }
 
-/// The env vars that make a child `redisched run` use `config`'s names.
+/// The env vars that make a child `redisched run` use `config`.
 pub fn env_for(config: &Config) -> Vec<(String, String)> {
-    let c = config;
-    [
-        ("REDISCHED_REDIS__URL", c.redis.url.clone()),
-        ("REDISCHED_REDIS__PREFIX", c.redis.prefix.clone()),
-        ("REDISCHED_AMQP__URL", c.amqp.url.clone()),
-        (
-            "REDISCHED_AMQP__COMMANDS_EXCHANGE",
-            c.amqp.commands_exchange.clone(),
-        ),
-        (
-            "REDISCHED_AMQP__COMMANDS_QUEUE",
-            c.amqp.commands_queue.clone(),
-        ),
-        (
-            "REDISCHED_AMQP__INVALID_EXCHANGE",
-            c.amqp.invalid_exchange.clone(),
-        ),
-        (
-            "REDISCHED_AMQP__INVALID_QUEUE",
-            c.amqp.invalid_queue.clone(),
-        ),
-        (
-            "REDISCHED_AMQP__READY_EXCHANGE",
-            c.amqp.ready_exchange.clone(),
-        ),
-        ("REDISCHED_HTTP__ENABLED", c.http.enabled.to_string()),
-        ("REDISCHED_HTTP__LISTEN", c.http.listen.clone()),
-        ("REDISCHED_DISPATCH__TTR_MS", c.dispatch.ttr_ms.to_string()),
-        (
-            "REDISCHED_DISPATCH__POLL_INTERVAL_MS",
-            c.dispatch.poll_interval_ms.to_string(),
-        ),
-        (
-            "REDISCHED_DISPATCH__REQUEUE_INTERVAL_MS",
-            c.dispatch.requeue_interval_ms.to_string(),
-        ),
-        (
-            "REDISCHED_DISPATCH__RETRY_MIN_MS",
-            c.dispatch.retry_min_ms.to_string(),
-        ),
-        (
-            "REDISCHED_DISPATCH__RETRY_MAX_MS",
-            c.dispatch.retry_max_ms.to_string(),
-        ),
-        (
-            "REDISCHED_DISPATCH__SHUTDOWN_GRACE_MS",
-            c.dispatch.shutdown_grace_ms.to_string(),
-        ),
-        (
-            "REDISCHED_AMQP__RECONNECT_MIN_MS",
-            c.amqp.reconnect_min_ms.to_string(),
-        ),
-        (
-            "REDISCHED_AMQP__RECONNECT_MAX_MS",
-            c.amqp.reconnect_max_ms.to_string(),
-        ),
-        ("REDISCHED_LOG__LEVEL", "info".to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect()
+    config.to_env()
 }
 
 /// A bridge running inside the test process.

@@ -82,52 +82,14 @@ pub fn bench_config(env: &Env, label: &str) -> Config {
     config.amqp.invalid_queue = format!("{name}.invalid");
     config.amqp.ready_exchange = format!("{name}.ready");
     config.http.enabled = false;
+    // The bench's own progress lines are what matter on stderr.
+    config.log.level = "warn".into();
     config
 }
 
-/// The env vars that make a child `redisched run` use `config` (as in tests/common).
+/// The env vars that make a child `redisched run` use `config`.
 pub fn env_for(config: &Config) -> Vec<(String, String)> {
-    let c = config;
-    [
-        ("REDISCHED_REDIS__URL", c.redis.url.clone()),
-        ("REDISCHED_REDIS__PREFIX", c.redis.prefix.clone()),
-        ("REDISCHED_AMQP__URL", c.amqp.url.clone()),
-        (
-            "REDISCHED_AMQP__COMMANDS_EXCHANGE",
-            c.amqp.commands_exchange.clone(),
-        ),
-        (
-            "REDISCHED_AMQP__COMMANDS_QUEUE",
-            c.amqp.commands_queue.clone(),
-        ),
-        (
-            "REDISCHED_AMQP__INVALID_EXCHANGE",
-            c.amqp.invalid_exchange.clone(),
-        ),
-        (
-            "REDISCHED_AMQP__INVALID_QUEUE",
-            c.amqp.invalid_queue.clone(),
-        ),
-        (
-            "REDISCHED_AMQP__READY_EXCHANGE",
-            c.amqp.ready_exchange.clone(),
-        ),
-        ("REDISCHED_HTTP__ENABLED", c.http.enabled.to_string()),
-        ("REDISCHED_HTTP__LISTEN", c.http.listen.clone()),
-        ("REDISCHED_INGEST__PREFETCH", c.ingest.prefetch.to_string()),
-        ("REDISCHED_INGEST__BATCH", c.ingest.batch.to_string()),
-        ("REDISCHED_DISPATCH__BATCH", c.dispatch.batch.to_string()),
-        ("REDISCHED_DISPATCH__WINDOW", c.dispatch.window.to_string()),
-        ("REDISCHED_DISPATCH__TTR_MS", c.dispatch.ttr_ms.to_string()),
-        (
-            "REDISCHED_DISPATCH__POLL_INTERVAL_MS",
-            c.dispatch.poll_interval_ms.to_string(),
-        ),
-        ("REDISCHED_LOG__LEVEL", "warn".to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect()
+    config.to_env()
 }
 
 /// A `redisched run` child process; killed on drop if still running.
