@@ -13,12 +13,11 @@ use std::time::{Duration, Instant};
 use lapin::options::ConfirmSelectOptions;
 use lapin::types::AMQPValue;
 use lapin::{Connection, ConnectionProperties};
-use rand::Rng;
 use redisched::config::Config;
 use redisched::store::Store;
 
 use common::bridge::{message_id, now_ms, test_config, Broker, InProcess};
-use common::faults::{free_port, init_logging, tail, TempDir};
+use common::faults::{free_port, init_logging, tail, PrivateRabbit, TempDir};
 use common::DEFAULT_LIMITS;
 
 // ---------------------------------------------------------------------------------
@@ -151,56 +150,12 @@ impl Drop for TlsRedis {
     }
 }
 
-// ---------------------------------------------------------------------------------
-// A private RabbitMQ node with an AMQPS listener only (like `PrivateRabbit` in
-// common/faults.rs, whose config file is fixed, plus the TLS listener)
+// A private RabbitMQ node with an AMQPS listener only.
 
-fn rabbit_tool(name: &str) -> PathBuf {
-    let debian = Path::new("/usr/lib/rabbitmq/bin").join(name);
-    if debian.exists() {
-        debian
-    } else {
-        PathBuf::from(name)
-    }
-}
-
-/// RabbitMQ's CLI tools derive their port from the distribution port + 10000.
-fn free_port_in(range: std::ops::Range<u16>) -> u16 {
-    let mut rng = rand::rng();
-    for _ in 0..200 {
-        let port = rng.random_range(range.clone());
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port in {range:?}");
-}
-
-struct TlsRabbit {
-    node: String,
-    port: u16,
-    dist_port: u16,
-    dir: TempDir,
-    child: Option<Child>,
-}
-
-impl TlsRabbit {
-    fn start(certs: &Certs) -> Result<Self, String> {
-        let node = format!(
-            "rtls{}t{}@localhost",
-            std::process::id(),
-            now_ms() % 1_000_000
-        );
-        let dir = TempDir::new("tls-rabbit");
-        let port = free_port_in(20_000..30_000);
-        let mut dist_port = free_port_in(30_000..40_000);
-        while dist_port == port {
-            dist_port = free_port_in(30_000..40_000);
-        }
-        std::fs::write(dir.path().join("enabled_plugins"), "[].\n").map_err(|e| e.to_string())?;
-        let conf = format!(
-            "log.console = false\n\
-             listeners.tcp = none\n\
+fn tls_rabbit(certs: &Certs) -> Result<PrivateRabbit, String> {
+    PrivateRabbit::start_configured(None, |port| {
+        format!(
+            "listeners.tcp = none\n\
              listeners.ssl.1 = 127.0.0.1:{port}\n\
              ssl_options.cacertfile = {ca}\n\
              ssl_options.certfile = {cert}\n\
@@ -210,100 +165,12 @@ impl TlsRabbit {
             ca = certs.file("ca.pem"),
             cert = certs.file("server.pem"),
             key = certs.file("server.key"),
-        );
-        std::fs::write(dir.path().join("rabbitmq.conf"), conf).map_err(|e| e.to_string())?;
-        let mut rabbit = Self {
-            node,
-            port,
-            dist_port,
-            dir,
-            child: None,
-        };
-        let out = std::fs::File::create(rabbit.dir.path().join("server.out"))
-            .map_err(|e| e.to_string())?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
-        let mut command = Command::new(rabbit_tool("rabbitmq-server"));
-        rabbit.env(&mut command);
-        rabbit.child = Some(
-            command
-                .stdout(out)
-                .stderr(err)
-                .spawn()
-                .map_err(|e| format!("cannot start rabbitmq-server: {e}"))?,
-        );
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while std::net::TcpStream::connect(("127.0.0.1", rabbit.port)).is_err() {
-            if let Some(Ok(Some(status))) = rabbit.child.as_mut().map(|c| c.try_wait()) {
-                return Err(format!(
-                    "rabbitmq-server exited with {status}:\n{}",
-                    rabbit.log()
-                ));
-            }
-            if Instant::now() > deadline {
-                return Err(format!("no AMQPS listener within 120 s:\n{}", rabbit.log()));
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        rabbit.ctl(&["await_startup"])?;
-        Ok(rabbit)
-    }
-
-    fn env(&self, command: &mut Command) {
-        let dir = self.dir.path();
-        command
-            .env("HOME", dir)
-            .env("RABBITMQ_NODENAME", &self.node)
-            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
-            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
-            .env("RABBITMQ_LOG_BASE", dir.join("log"))
-            .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq.conf"))
-            .env("RABBITMQ_ADVANCED_CONFIG_FILE", dir.join("advanced.config"))
-            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
-            .env("RABBITMQ_PID_FILE", dir.join("pid"));
-    }
-
-    fn url(&self) -> String {
-        format!("amqps://guest:guest@127.0.0.1:{}/%2f", self.port)
-    }
-
-    fn log(&self) -> String {
-        tail(&self.dir.path().join("server.out"), 30)
-    }
-
-    fn ctl(&self, args: &[&str]) -> Result<String, String> {
-        let mut command = Command::new(rabbit_tool("rabbitmqctl"));
-        self.env(&mut command);
-        let output = command
-            .args(["-n", &self.node, "-t", "60"])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("cannot run rabbitmqctl: {e}"))?;
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        if output.status.success() {
-            Ok(text)
-        } else {
-            Err(format!("rabbitmqctl {args:?} failed: {text}"))
-        }
-    }
+        )
+    })
 }
 
-impl Drop for TlsRabbit {
-    fn drop(&mut self) {
-        let _ = self.ctl(&["stop"]);
-        if let Some(mut child) = self.child.take() {
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+fn amqps_url(rabbit: &PrivateRabbit) -> String {
+    format!("amqps://guest:guest@127.0.0.1:{}/%2f", rabbit.port)
 }
 
 // ---------------------------------------------------------------------------------
@@ -381,7 +248,7 @@ async fn jobs_flow_over_tls_on_both_links_and_untrusted_or_plaintext_clients_are
     init_logging();
     let certs = Certs::make();
     let redis = TlsRedis::start(&certs);
-    let rabbit = match TlsRabbit::start(&certs) {
+    let rabbit = match tls_rabbit(&certs) {
         Ok(rabbit) => rabbit,
         Err(err) => panic!("cannot start a private RabbitMQ node with TLS: {err}"),
     };
@@ -389,7 +256,7 @@ async fn jobs_flow_over_tls_on_both_links_and_untrusted_or_plaintext_clients_are
     let mut config = test_config("tls");
     config.redis.url = redis.url();
     config.redis.tls_ca_file = certs.file("ca.pem");
-    config.amqp.url = rabbit.url();
+    config.amqp.url = amqps_url(&rabbit);
     config.amqp.tls_ca_file = certs.file("ca.pem");
     config.validate().expect("TLS config is valid");
 

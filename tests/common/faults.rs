@@ -214,6 +214,15 @@ impl PrivateRabbit {
     /// As [`start`](Self::start), with `cookie` written to the node's `.erlang.cookie`
     /// first: nodes (and their CLI tools) sharing a cookie can form a cluster.
     pub fn start_with_cookie(cookie: Option<&str>) -> Result<Self, String> {
+        Self::start_configured(cookie, |_| String::new())
+    }
+
+    /// Starts a node whose `rabbitmq.conf` gets the lines `extra_conf(port)` returns
+    /// (e.g. a TLS listener on the node's port in place of the plain one).
+    pub fn start_configured(
+        cookie: Option<&str>,
+        extra_conf: impl FnOnce(u16) -> String,
+    ) -> Result<Self, String> {
         static NODES: AtomicU64 = AtomicU64::new(0);
         let node = format!(
             "rs{}n{}t{}@localhost",
@@ -231,13 +240,13 @@ impl PrivateRabbit {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400))
                 .map_err(|e| e.to_string())?;
         }
-        std::fs::write(dir.path().join("rabbitmq.conf"), "log.console = false\n")
-            .map_err(|e| e.to_string())?;
         let port = free_port_in(20_000..30_000);
         let mut dist_port = free_port_in(30_000..40_000);
         while dist_port == port {
             dist_port = free_port_in(30_000..40_000);
         }
+        let conf = format!("log.console = false\n{}", extra_conf(port));
+        std::fs::write(dir.path().join("rabbitmq.conf"), conf).map_err(|e| e.to_string())?;
         let mut rabbit = Self {
             node,
             port,
