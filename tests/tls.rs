@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lapin::options::ConfirmSelectOptions;
 use lapin::types::AMQPValue;
 use lapin::{Connection, ConnectionProperties};
 use redisched::config::Config;
@@ -188,19 +187,7 @@ async fn tls_broker(config: &Config, ca: &Path) -> Broker {
     )
     .await
     .unwrap_or_else(|e| panic!("test client cannot connect over AMQPS: {e}"));
-    let channel = connection.create_channel().await.expect("channel");
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirms");
-    redisched::amqp::declare_topology(&channel, &config.amqp)
-        .await
-        .expect("declare topology");
-    Broker {
-        config: config.clone(),
-        connection,
-        channel,
-    }
+    Broker::over(config, connection).await
 }
 
 /// Connecting to Redis as `config` says fails (within the timeout, not by hanging).

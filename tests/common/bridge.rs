@@ -136,7 +136,11 @@ impl Broker {
     /// Connects and declares the same topology the bridge does, so a test can publish
     /// before the bridge is up.
     pub async fn new(config: &Config) -> Self {
-        let connection = connect_to(&config.amqp.url).await;
+        Self::over(config, connect_to(&config.amqp.url).await).await
+    }
+
+    /// As [`Broker::new`], over a connection the test opened itself (e.g. with TLS).
+    pub async fn over(config: &Config, connection: Connection) -> Self {
         let channel = connection.create_channel().await.expect("channel");
         channel
             .confirm_select(ConfirmSelectOptions::default())
