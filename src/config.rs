@@ -106,8 +106,14 @@ pub struct DispatchConfig {
 pub struct HttpConfig {
     pub enabled: bool,
     pub listen: String,
-    /// Bearer token required by mutating endpoints; empty = none.
+    /// Bearer token for every endpoint that changes or shows job data; empty = none
+    /// (then the API is open, so only a loopback `listen` is allowed by default).
     pub token: String,
+    /// A second token that may read (jobs, lists, history, the live feed, the dashboard's
+    /// data) but change nothing; empty = none. Needs `token`.
+    pub read_token: String,
+    /// If set, `/metrics` needs this token (or `read_token`/`token`); empty = open.
+    pub metrics_token: String,
     /// Permit a non-loopback listen address without a token.
     pub allow_public_without_token: bool,
 }
@@ -192,6 +198,8 @@ impl Default for HttpConfig {
             enabled: true,
             listen: "127.0.0.1:7171".into(),
             token: String::new(),
+            read_token: String::new(),
+            metrics_token: String::new(),
             allow_public_without_token: false,
         }
     }
@@ -223,6 +231,40 @@ fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
     }
 }
 
+/// Every configuration variable is `REDISCHED_<SECTION>__<KEY>`.
+pub const ENV_PREFIX: &str = "REDISCHED_";
+const ENV_NESTING: &str = "__";
+
+/// Whether a variable name, without [`ENV_PREFIX`], has the `<SECTION>__<KEY>` shape of a
+/// configuration variable. Only those are configuration, and they are checked strictly
+/// (`REDISCHED_REDIS__ULR` fails, naming the key).
+fn is_config_shaped(name: &str) -> bool {
+    name.contains(ENV_NESTING)
+}
+
+/// `REDISCHED_*` variables of `vars` that are not configuration because they lack the
+/// `<SECTION>__<KEY>` shape, sorted. Kubernetes injects `REDISCHED_PORT`,
+/// `REDISCHED_SERVICE_HOST`, `REDISCHED_PORT_7171_TCP_ADDR`, ... into every pod of a
+/// namespace that has a Service named `redisched`; they must not stop the bridge, so the
+/// loader skips them and the binary names them in one warning.
+pub fn foreign_env_names(names: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut names: Vec<String> = names
+        .into_iter()
+        .filter(|name| {
+            name.get(..ENV_PREFIX.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(ENV_PREFIX))
+                && !is_config_shaped(&name[ENV_PREFIX.len()..])
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// [`foreign_env_names`] of this process's environment.
+pub fn foreign_env() -> Vec<String> {
+    foreign_env_names(std::env::vars_os().map(|(name, _)| name.to_string_lossy().into_owned()))
+}
+
 impl Config {
     /// Defaults, then `file` if given, then the environment; validated.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
@@ -234,7 +276,11 @@ impl Config {
         if let Some(path) = file {
             figment = figment.merge(Toml::file_exact(path));
         }
-        figment.merge(Env::prefixed("REDISCHED_").split("__"))
+        figment.merge(
+            Env::prefixed(ENV_PREFIX)
+                .filter(|key| is_config_shaped(key.as_str()))
+                .split(ENV_NESTING),
+        )
     }
 
     pub fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
@@ -356,6 +402,18 @@ impl Config {
                 "a non-loopback address needs http.token (or http.allow_public_without_token = true)",
             ));
         }
+        if !self.http.read_token.is_empty() && self.http.token.is_empty() {
+            return Err(invalid(
+                "http.read_token",
+                "needs http.token: without it the API is open and a read-only token guards nothing",
+            ));
+        }
+        if !self.http.read_token.is_empty() && self.http.read_token == self.http.token {
+            return Err(invalid(
+                "http.read_token",
+                "must differ from http.token, or it would grant writes",
+            ));
+        }
         if !matches!(self.log.format.as_str(), "human" | "json") {
             return Err(invalid("log.format", "must be `human` or `json`"));
         }
@@ -408,8 +466,14 @@ impl Config {
         let mut copy = self.clone();
         copy.redis.url = redact_url(&copy.redis.url);
         copy.amqp.url = redact_url(&copy.amqp.url);
-        if !copy.http.token.is_empty() {
-            copy.http.token = "***".into();
+        for token in [
+            &mut copy.http.token,
+            &mut copy.http.read_token,
+            &mut copy.http.metrics_token,
+        ] {
+            if !token.is_empty() {
+                *token = "***".into();
+            }
         }
         copy
     }
@@ -465,6 +529,45 @@ mod tests {
             jail.set_env("REDISCHED_DISPATCH__TTR_MS", "5");
             let err = Config::load(None).expect_err("ttr too small");
             assert!(err.to_string().contains("dispatch.ttr_ms"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's signature, not ours
+    fn kubernetes_service_variables_are_skipped_but_typos_in_a_section_still_fail() {
+        figment::Jail::expect_with(|jail| {
+            // What Kubernetes injects for a Service named `redisched` (port 7171, named `http`).
+            let injected = [
+                ("REDISCHED_PORT", "tcp://10.96.0.12:7171"),
+                ("REDISCHED_SERVICE_HOST", "10.96.0.12"),
+                ("REDISCHED_SERVICE_PORT", "7171"),
+                ("REDISCHED_SERVICE_PORT_HTTP", "7171"),
+                ("REDISCHED_PORT_7171_TCP", "tcp://10.96.0.12:7171"),
+                ("REDISCHED_PORT_7171_TCP_ADDR", "10.96.0.12"),
+                ("REDISCHED_PORT_7171_TCP_PORT", "7171"),
+                ("REDISCHED_PORT_7171_TCP_PROTO", "tcp"),
+            ];
+            for (name, value) in injected {
+                jail.set_env(name, value);
+            }
+            jail.set_env("REDISCHED_DISPATCH__TTR_MS", "7000");
+            let config = Config::load(None).expect("service variables do not stop the loader");
+            assert_eq!(config.dispatch.ttr_ms, 7000);
+
+            let names = foreign_env_names(
+                injected
+                    .iter()
+                    .map(|(name, _)| name.to_string())
+                    .chain(["REDISCHED_DISPATCH__TTR_MS".into(), "PATH".into()]),
+            );
+            let mut expected: Vec<String> = injected.iter().map(|(n, _)| n.to_string()).collect();
+            expected.sort();
+            assert_eq!(names, expected);
+
+            jail.set_env("REDISCHED_REDIS__ULR", "redis://127.0.0.1:6379");
+            let err = Config::load(None).expect_err("a misspelled key in a known section");
+            assert!(err.to_string().contains("ulr"), "{err}");
             Ok(())
         });
     }

@@ -27,6 +27,9 @@ async fn async_main(cli: Cli) -> u8 {
     if let Command::Run = cli.command {
         return run(&cli).await;
     }
+    if let Some(warning) = foreign_env_warning() {
+        eprintln!("warning: {warning}");
+    }
     match cli::execute(&cli).await {
         Ok(output) => {
             println!("{}", output.render(cli.json));
@@ -59,6 +62,9 @@ async fn run(cli: &Cli) -> u8 {
         eprintln!("error: {err}");
         return exit::USAGE;
     }
+    if let Some(warning) = foreign_env_warning() {
+        tracing::warn!("{warning}");
+    }
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     match bridge(config, shutdown).await {
@@ -68,6 +74,24 @@ async fn run(cli: &Cli) -> u8 {
             exit::FAILED
         }
     }
+}
+
+/// One line naming the `REDISCHED_*` variables the loader skipped (Kubernetes service
+/// links and the like), so a misplaced setting does not go unnoticed.
+fn foreign_env_warning() -> Option<String> {
+    let names = redisched::config::foreign_env();
+    (!names.is_empty()).then(|| {
+        format!(
+            "ignoring {} not of the REDISCHED_<SECTION>__<KEY> shape (not configuration; \
+             Kubernetes sets such variables for a Service named redisched): {}",
+            if names.len() == 1 {
+                "a variable"
+            } else {
+                "variables"
+            },
+            names.join(", ")
+        )
+    })
 }
 
 async fn bridge(config: Config, shutdown: CancellationToken) -> Result<(), String> {

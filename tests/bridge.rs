@@ -543,3 +543,40 @@ async fn the_bridge_recovers_when_the_broker_cancels_its_consumer() {
     bridge.stop().await;
     broker.cleanup().await;
 }
+
+/// Kubernetes injects `REDISCHED_PORT`, `REDISCHED_SERVICE_HOST`, ... into every pod of a
+/// namespace with a Service named `redisched`. The bridge must run anyway (and say once
+/// which variables it ignored), while real configuration variables still apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_service_variables_do_not_stop_the_bridge() {
+    let config = test_config("k8s");
+    let broker = Broker::new(&config).await;
+    let mut ready = broker.consume_ready("#").await;
+    let log = std::env::temp_dir().join(format!("{}.log", config.redis.prefix));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_redisched"))
+        .arg("run")
+        .envs(env_for(&config))
+        .envs([
+            ("REDISCHED_PORT", "tcp://10.96.0.12:7171"),
+            ("REDISCHED_SERVICE_HOST", "10.96.0.12"),
+            ("REDISCHED_SERVICE_PORT", "7171"),
+            ("REDISCHED_PORT_7171_TCP_ADDR", "10.96.0.12"),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("spawn redisched run");
+    broker.put("k8s", "after-start", b"hello", &[]).await;
+    let delivered = ready.next(15 * SECOND).await;
+    let _ = child.kill();
+    let status = child.wait().expect("wait");
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    broker.cleanup().await;
+    let (_, job) = delivered.unwrap_or_else(|| panic!("no delivery ({status:?}): {stderr}"));
+    assert_eq!(message_id(&job), "after-start");
+    assert!(
+        stderr.contains("REDISCHED_PORT, REDISCHED_PORT_7171_TCP_ADDR, REDISCHED_SERVICE_HOST"),
+        "one warning names the ignored variables: {stderr}"
+    );
+}

@@ -436,3 +436,38 @@ fn check_config_redacts_secrets_and_names_bad_keys() {
     let out = cli.run(&["check-config", "--config", "/no/such/redisched.toml"]);
     assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
 }
+
+#[test]
+fn check_config_ignores_kubernetes_service_variables_and_names_them_once() {
+    let cli = Cli::new();
+    let k8s = [
+        ("REDISCHED_PORT", "tcp://10.96.0.12:7171"),
+        ("REDISCHED_SERVICE_HOST", "10.96.0.12"),
+        ("REDISCHED_SERVICE_PORT", "7171"),
+        ("REDISCHED_PORT_7171_TCP_PROTO", "tcp"),
+    ];
+    let out = cli.run_env(&["check-config", "--json"], &k8s);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "one warning line: {stderr}");
+    assert!(
+        stderr.starts_with("warning: ")
+            && stderr.contains(
+                "REDISCHED_PORT, REDISCHED_PORT_7171_TCP_PROTO, REDISCHED_SERVICE_HOST, REDISCHED_SERVICE_PORT"
+            ),
+        "{stderr}"
+    );
+    let config: Value = serde_json::from_slice(&out.stdout).expect("json config");
+    assert!(config.get("port").is_none());
+
+    // A misspelled key inside a known section still fails, naming the key.
+    let mut typo = k8s.to_vec();
+    typo.push(("REDISCHED_REDIS__ULR", "redis://127.0.0.1:6379"));
+    let out = cli.run_env(&["check-config"], &typo);
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("ulr"),
+        "{}",
+        describe(&out)
+    );
+}

@@ -36,6 +36,22 @@ impl Server {
     async fn start_with(store: Store, token: &str) -> Self {
         let mut config = Config::default();
         config.http.token = token.to_string();
+        Self::start_configured(store, config).await
+    }
+
+    /// A server with `http` settings of its own (tokens).
+    async fn start_http(http: redisched::config::HttpConfig) -> Self {
+        let store = common::test_store_with(LIMITS).await;
+        let config = Config {
+            http,
+            ..Config::default()
+        };
+        let mut server = Self::start_configured(store.store.clone(), config).await;
+        server._store = Some(store);
+        server
+    }
+
+    async fn start_configured(store: Store, config: Config) -> Self {
         let state = AppState {
             store,
             metrics: Arc::new(Metrics::new()),
@@ -382,9 +398,16 @@ async fn mutations_need_the_bearer_token_when_one_is_set() {
         .await;
     assert_eq!(status, StatusCode::CREATED);
 
-    // Reads stay open; every mutation is guarded.
-    assert_eq!(s.get("/v1/topics/t/jobs/x").await.0, StatusCode::OK);
-    assert_eq!(s.get("/v1/topics").await.0, StatusCode::OK);
+    // Reads of job data are guarded too (see the read-token test); every mutation is.
+    assert_eq!(
+        s.get("/v1/topics/t/jobs/x").await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let read = s
+        .client
+        .get(s.url("/v1/topics/t/jobs/x"))
+        .bearer_auth("s3cret");
+    assert_eq!(s.send(read).await.0, StatusCode::OK);
     let del = s.client.delete(s.url("/v1/topics/t/jobs/x"));
     assert_eq!(s.send(del).await.0, StatusCode::UNAUTHORIZED);
     let schedule = s
@@ -394,16 +417,152 @@ async fn mutations_need_the_bearer_token_when_one_is_set() {
     assert_eq!(s.send(schedule).await.0, StatusCode::UNAUTHORIZED);
     let cancel = s.client.post(s.url("/cancel/t")).json(&json!({"id": "x"}));
     assert_eq!(s.send(cancel).await.0, StatusCode::UNAUTHORIZED);
-    assert_eq!(
-        s.get("/v1/topics/t/jobs/x").await.0,
-        StatusCode::OK,
-        "still there"
-    );
+    let read = s
+        .client
+        .get(s.url("/v1/topics/t/jobs/x"))
+        .bearer_auth("s3cret");
+    assert_eq!(s.send(read).await.0, StatusCode::OK, "still there");
     let del = s
         .client
         .delete(s.url("/v1/topics/t/jobs/x"))
         .bearer_auth("s3cret");
     assert_eq!(s.send(del).await.0, StatusCode::OK);
+}
+
+/// With a token configured, nothing that shows job data is open: every read endpoint
+/// wants `http.token` or `http.read_token`; the read token changes nothing; health stays
+/// open; `/metrics` is open until `http.metrics_token` is set.
+#[tokio::test]
+async fn reads_need_a_token_and_the_read_token_only_reads() {
+    let s = Server::start_http(redisched::config::HttpConfig {
+        token: "full-token".into(),
+        read_token: "read-token".into(),
+        ..Default::default()
+    })
+    .await;
+    let put = s
+        .client
+        .put(s.url("/v1/topics/t/jobs/secret?delay_ms=60000"))
+        .bearer_auth("full-token")
+        .body("an address, say");
+    assert_eq!(s.send(put).await.0, StatusCode::CREATED);
+
+    let reads = [
+        "/v1/topics",
+        "/v1/topics/t/jobs",
+        "/v1/topics/t/jobs/secret",
+        "/v1/events",
+    ];
+    for path in reads {
+        let res = s.client.get(s.url(path)).send().await.unwrap();
+        assert_eq!(
+            res.status(),
+            StatusCode::UNAUTHORIZED,
+            "{path} without a token"
+        );
+        let body: Value = res.json().await.unwrap();
+        assert!(!body.to_string().contains("an address"), "{path}: {body}");
+        let wrong = s.client.get(s.url(path)).bearer_auth("guess");
+        assert_eq!(s.send(wrong).await.0, StatusCode::UNAUTHORIZED, "{path}");
+        for token in ["read-token", "full-token"] {
+            let res = s
+                .client
+                .get(s.url(path))
+                .bearer_auth(token)
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), StatusCode::OK, "{path} with {token}");
+        }
+    }
+    // The browser's EventSource cannot send headers: access_token works for GET.
+    let res = s
+        .client
+        .get(s.url("/v1/events?access_token=read-token"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let (status, body) = s
+        .get("/v1/topics/t/jobs/secret?access_token=read-token")
+        .await;
+    assert_eq!(
+        (status, body["body"].as_str()),
+        (StatusCode::OK, Some("an address, say"))
+    );
+
+    // The read token changes nothing: 403, and the job is untouched.
+    let writes = [
+        s.client.put(s.url("/v1/topics/t/jobs/other")).body("x"),
+        s.client.delete(s.url("/v1/topics/t/jobs/secret")),
+        s.client
+            .post(s.url("/schedule/t"))
+            .json(&json!({"id": "y"})),
+        s.client
+            .post(s.url("/cancel/t"))
+            .json(&json!({"id": "secret"})),
+    ];
+    for write in writes {
+        let (status, body) = s.send(write.bearer_auth("read-token")).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+        assert!(
+            body["error"].as_str().unwrap().contains("only read"),
+            "{body}"
+        );
+    }
+    let delete = s
+        .client
+        .delete(s.url("/v1/topics/t/jobs/secret?access_token=full-token"));
+    assert_eq!(
+        s.send(delete).await.0,
+        StatusCode::UNAUTHORIZED,
+        "no query token for writes"
+    );
+    let read = s
+        .client
+        .get(s.url("/v1/topics/t/jobs/secret"))
+        .bearer_auth("read-token");
+    assert_eq!(s.send(read).await.0, StatusCode::OK, "still there");
+
+    // Open: health, readiness (503 here, but answered), the API document, the dashboard page.
+    for path in ["/healthz", "/readyz", "/v1/openapi.json", "/", "/metrics"] {
+        let status = s.client.get(s.url(path)).send().await.unwrap().status();
+        assert_ne!(status, StatusCode::UNAUTHORIZED, "{path} stays open");
+    }
+
+    // A metrics token closes /metrics; the other tokens open it too.
+    let m = Server::start_http(redisched::config::HttpConfig {
+        token: "full-token".into(),
+        read_token: "read-token".into(),
+        metrics_token: "scrape-token".into(),
+        ..Default::default()
+    })
+    .await;
+    let res = m.client.get(m.url("/metrics")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    for token in ["scrape-token", "read-token", "full-token"] {
+        let res = m
+            .client
+            .get(m.url("/metrics"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{token}");
+    }
+    let res = m
+        .client
+        .get(m.url("/v1/topics"))
+        .bearer_auth("scrape-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::FORBIDDEN,
+        "the metrics token reads no jobs"
+    );
 }
 
 #[tokio::test]
@@ -593,7 +752,7 @@ async fn the_openapi_document_covers_every_route() {
         .unwrap()
         .starts_with("text/html"));
     let page = res.text().await.unwrap();
-    assert!(page.contains("EventSource(\"/v1/events\")"));
+    assert!(page.contains("EventSource(\"/v1/events\""));
     assert!(
         !page.contains("http://") && !page.contains("https://"),
         "no external assets"

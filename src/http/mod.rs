@@ -4,9 +4,11 @@
 //!
 //! Every mutation goes through [`Store`] (the same Lua scripts as the bridge), sends a
 //! [`Event::Command`] to the feed and counts `redisched_commands{op,outcome}`.
-//! Mutating endpoints require `Authorization: Bearer <http.token>` when a token is set.
+//! With `http.token` set, every endpoint that changes or shows job data needs a token
+//! (`auth.rs` holds the one policy table); `/healthz` and `/readyz` stay open.
 
 mod api;
+mod auth;
 mod error;
 mod ops;
 
@@ -66,6 +68,10 @@ pub fn router(state: AppState) -> Router {
         .route("/schedule/{topic}", post(api::compat_schedule))
         .route("/cancel/{topic}", post(api::compat_cancel))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::guard,
+        ))
         .with_state(state)
 }
 
