@@ -14,7 +14,9 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 
 use crate::config::AmqpConfig;
-pub use properties::{decode_meta, encode_meta, forwardable, outgoing_properties};
+pub use properties::{
+    decode_meta, encode_meta, forwardable, job_id, outgoing_properties, with_plugin_delay,
+};
 
 /// Header names of the wire contract. Producers and consumers code against these.
 pub mod headers {
@@ -24,6 +26,9 @@ pub mod headers {
     pub const DELIVER_AT: &str = "x-deliver-at";
     /// `put` (default), `replace` or `delete`.
     pub const OP: &str = "x-redisched-op";
+    /// The job id, for producers that cannot set `message_id` (`amqp-publish`); used
+    /// when `message_id` is absent, and must equal it when both are set.
+    pub const ID: &str = "x-redisched-id";
     /// Why a command was set aside to the invalid exchange.
     pub const ERROR: &str = "x-redisched-error";
     /// On delivered jobs: the topic, the due time (epoch ms) and the attempt (1 first).
@@ -31,7 +36,7 @@ pub mod headers {
     pub const DUE_AT: &str = "x-redisched-due-at";
     pub const ATTEMPT: &str = "x-redisched-attempt";
     /// Control headers: consumed by the bridge, never stored or forwarded.
-    pub const CONTROL: [&str; 3] = [DELAY, DELIVER_AT, OP];
+    pub const CONTROL: [&str; 4] = [DELAY, DELIVER_AT, OP, ID];
 }
 
 /// The AMQP error boundary.

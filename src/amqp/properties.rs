@@ -55,6 +55,50 @@ pub fn forwardable(props: &BasicProperties) -> AMQPProperties {
     kept
 }
 
+/// The job id a command names: `message_id`, else the `x-redisched-id` header (shell
+/// producers such as `amqp-publish` cannot set `message_id`). `Err` with both present
+/// and different; `Ok(None)` with neither. Text only: any other header type is refused.
+pub fn job_id(props: &BasicProperties) -> Result<Option<String>, String> {
+    let from_header = match props
+        .headers()
+        .as_ref()
+        .and_then(|t| t.inner().get(headers::ID))
+    {
+        None => None,
+        Some(AMQPValue::LongString(s)) => Some(
+            std::str::from_utf8(s.as_bytes())
+                .map_err(|_| format!("{} is not UTF-8 text", headers::ID))?
+                .to_owned(),
+        ),
+        Some(AMQPValue::ShortString(s)) => Some(s.as_str().to_owned()),
+        Some(_) => return Err(format!("{} must be a text header", headers::ID)),
+    };
+    match (
+        props.message_id().as_ref().map(|id| id.as_str()),
+        from_header,
+    ) {
+        (Some(id), Some(header)) if id != header => Err(format!(
+            "message_id {id:?} and {} {header:?} differ; give one, or the same",
+            headers::ID
+        )),
+        (Some(id), _) => Ok(Some(id.to_owned())),
+        (None, header) => Ok(header),
+    }
+}
+
+/// Adds `x-delay` = −`delay_ms` to delivered properties, as RabbitMQ's delayed-message
+/// plugin delivers it, so consumers written for the plugin keep working. 32-bit when it
+/// fits (as the plugin sends it), 64-bit beyond.
+pub fn with_plugin_delay(props: AMQPProperties, delay_ms: i64) -> AMQPProperties {
+    let negative = -delay_ms.max(0);
+    let value = i32::try_from(negative)
+        .map(AMQPValue::LongInt)
+        .unwrap_or(AMQPValue::LongLongInt(negative));
+    let mut table = props.headers().clone().unwrap_or_default();
+    table.insert(headers::DELAY.into(), value);
+    props.with_headers(table)
+}
+
 /// Encodes properties for storage; no properties at all is stored as empty bytes.
 pub fn encode_meta(props: &AMQPProperties) -> Vec<u8> {
     if *props == AMQPProperties::default() {

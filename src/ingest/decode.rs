@@ -8,7 +8,7 @@ use lapin::message::Delivery;
 use lapin::types::AMQPValue;
 use lapin::BasicProperties;
 
-use crate::amqp::{encode_meta, forwardable, headers};
+use crate::amqp::{encode_meta, forwardable, headers, job_id, with_plugin_delay};
 use crate::job::{Due, JobId, PutMode, Topic};
 use crate::store::{Limits, Op, PutRequest};
 
@@ -46,11 +46,18 @@ pub fn decode_parts(
 ) -> Result<Op, Invalid> {
     let topic =
         Topic::new(routing_key).map_err(|e| invalid(format!("bad topic (routing key): {e}")))?;
-    let id = props
-        .message_id()
-        .as_ref()
-        .ok_or_else(|| invalid("missing message_id: it carries the job id"))?;
-    let id = JobId::new(id.as_str()).map_err(|e| invalid(format!("bad message_id: {e}")))?;
+    let id = job_id(props).map_err(invalid)?.ok_or_else(|| {
+        invalid(format!(
+            "missing message_id (or header {}): it carries the job id",
+            headers::ID
+        ))
+    })?;
+    let source = if props.message_id().is_some() {
+        "message_id"
+    } else {
+        headers::ID
+    };
+    let id = JobId::new(&id).map_err(|e| invalid(format!("bad {source}: {e}")))?;
     let table = props.headers().as_ref();
     let header = |name: &str| table.and_then(|t| t.inner().get(name));
 
@@ -102,11 +109,18 @@ pub fn decode_parts(
             limits.max_body_bytes
         )));
     }
+    let delivered = match due {
+        // As the delayed-message plugin does: consumers written for it read x-delay.
+        Due::Delay(ms) if header(headers::DELAY).is_some() => {
+            with_plugin_delay(forwardable(props), ms)
+        }
+        _ => forwardable(props),
+    };
     Ok(Op::Put(PutRequest {
         topic,
         id,
         body: body.to_vec(),
-        meta: encode_meta(&forwardable(props)),
+        meta: encode_meta(&delivered),
         due,
         mode: if op == OpName::Replace {
             PutMode::Replace
@@ -312,6 +326,20 @@ mod tests {
 
         let no_id = decode_parts("t", &BasicProperties::default(), b"", LIMITS);
         assert!(no_id.expect_err("no id").0.contains("message_id"));
+
+        // Shell producers (amqp-publish) name the job in a header instead.
+        let mut table = FieldTable::default();
+        table.insert(headers::ID.into(), s("from-header"));
+        let header_only = BasicProperties::default().with_headers(table.clone());
+        match decode_parts("t", &header_only, b"", LIMITS) {
+            Ok(Op::Put(put)) => assert_eq!(put.id.as_str(), "from-header"),
+            other => panic!("{other:?}"),
+        }
+        let both_differ = header_only.clone().with_message_id("other".into());
+        let err = decode_parts("t", &both_differ, b"", LIMITS).expect_err("differ");
+        assert!(err.0.contains("differ"), "{err}");
+        let both_same = header_only.with_message_id("from-header".into());
+        assert!(decode_parts("t", &both_same, b"", LIMITS).is_ok());
         let bad_topic = decode_parts("a{b}", &props(&[]), b"", LIMITS);
         assert!(bad_topic.expect_err("braces").0.contains("topic"));
         assert!(

@@ -137,7 +137,7 @@ impl Ingest {
             self.record(delivery, &outcome);
             self.reply(side, delivery, &outcome).await;
             if let Outcome::Invalid(reason) = &outcome {
-                tracing::warn!(topic = %delivery.routing_key, id = ?delivery.properties.message_id(), %reason, "invalid command set aside");
+                tracing::warn!(topic = %delivery.routing_key, id = ?crate::amqp::job_id(&delivery.properties).ok().flatten(), %reason, "invalid command set aside");
                 set_aside.push(self.set_aside(side, delivery, reason).await?);
             }
         }
@@ -206,11 +206,9 @@ impl Ingest {
         }
         self.feed.send(Event::Command {
             topic: delivery.routing_key.to_string(),
-            id: delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|id| id.to_string())
+            id: crate::amqp::job_id(&delivery.properties)
+                .ok()
+                .flatten()
                 .unwrap_or_default(),
             op: op.into(),
             outcome: outcome_name.into(),
@@ -226,7 +224,7 @@ impl Ingest {
         let mut body = json!({
             "status": outcome_name(outcome),
             "topic": delivery.routing_key.as_str(),
-            "id": delivery.properties.message_id().as_ref().map(|s| s.as_str()),
+            "id": crate::amqp::job_id(&delivery.properties).ok().flatten(),
         });
         match outcome {
             Outcome::Applied(Applied::Put(put)) => body["due_at"] = json!(put.due_at),
