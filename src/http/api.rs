@@ -13,7 +13,8 @@ use serde_json::{json, Value};
 
 use super::{job_json, ApiError, AppState};
 use crate::feed::Event;
-use crate::job::{Due, JobId, PutMode, PutOutcome, PutStatus, Topic};
+use crate::job::{Due, JobId, PutMode, Topic};
+use crate::store::{PutOutcome, PutStatus};
 use crate::store::{PutRequest, MAX_BATCH};
 
 /// Jobs listed when `limit` is not given.

@@ -23,9 +23,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::feed::Feed;
-use crate::job::{JobInfo, JobState, Topic};
+use crate::job::Topic;
 use crate::metrics::Metrics;
 use crate::store::Store;
+use crate::store::{JobInfo, JobState};
 
 pub use error::ApiError;
 

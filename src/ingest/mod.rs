@@ -26,8 +26,8 @@ use crate::amqp::{self, headers, AmqpError};
 use crate::config::Config;
 use crate::dispatch::Wake;
 use crate::feed::{Event, Feed};
-use crate::job::PutStatus;
 use crate::metrics::Metrics;
+use crate::store::PutStatus;
 use crate::store::{Applied, Op, Store, StoreError};
 pub use decode::{decode, decode_parts, Invalid};
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 pub const CLUSTER_SCHEME: &str = "redis-cluster://";
 
@@ -91,12 +91,6 @@ impl ConnectionLike for Conn {
             Conn::Cluster(c) => c.get_db(),
         }
     }
-}
-
-/// For error paths that need a `RedisError` of our own.
-#[allow(dead_code)]
-pub(crate) fn io_error(message: &str) -> RedisError {
-    RedisError::from(std::io::Error::other(message.to_string()))
 }
 
 #[cfg(test)]
