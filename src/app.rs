@@ -74,7 +74,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     }
     tasks.spawn(dispatch::listen(
         config.redis.url.clone(),
-        crate::tls::ca_file(&config.redis.tls_ca_file).map(Into::into),
+        config.connect_options().tls_ca_file,
         store.keys().notify_channel(),
         wake.clone(),
         shutdown.clone(),
@@ -143,8 +143,7 @@ async fn connect_store(
 ) -> Option<Store> {
     let mut backoff = Duration::from_millis(200);
     loop {
-        let ca_file = crate::tls::ca_file(&config.redis.tls_ca_file);
-        match Store::connect_with_ca(&config.connect_options(), ca_file, config.limits()).await {
+        match Store::connect(&config.connect_options(), config.limits()).await {
             Ok(store) => {
                 metrics.redis_up.set(1);
                 tracing::info!(url = %crate::config::redact_url(&config.redis.url), prefix = %config.redis.prefix, "connected to Redis");

@@ -306,8 +306,7 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
 }
 
 async fn connect(config: &Config) -> Result<Store, CliError> {
-    let ca_file = crate::tls::ca_file(&config.redis.tls_ca_file);
-    Store::connect_with_ca(&config.connect_options(), ca_file, config.limits())
+    Store::connect(&config.connect_options(), config.limits())
         .await
         .map_err(|err| match err {
             StoreError::Unavailable(e) => CliError::Unavailable(format!(

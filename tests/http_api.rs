@@ -645,6 +645,7 @@ async fn redis_going_away_gives_503_not_a_hang() {
         prefix: prefix.clone(),
         connect_timeout: Duration::from_millis(500),
         response_timeout: Duration::from_millis(1000),
+        tls_ca_file: None,
     };
     let store = Store::connect(&options, LIMITS)
         .await

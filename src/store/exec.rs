@@ -14,7 +14,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Value};
 
@@ -22,6 +21,7 @@ use super::conn::{cluster_seeds, Conn};
 use super::error::{is_noscript, StoreError};
 use super::link::Link;
 use super::scripts::Scripts;
+use super::ConnectOptions;
 use crate::job::Topic;
 
 /// One command of a batch, with where it must go.
@@ -68,26 +68,16 @@ pub(crate) struct Executor {
 }
 
 impl Executor {
-    /// Connects and loads the scripts. `ca_file`: CAs trusted besides the system roots
-    /// on a `rediss://` link.
-    pub(crate) async fn open(
-        url: &str,
-        ca_file: Option<&std::path::Path>,
-        connect_timeout: Duration,
-        response_timeout: Duration,
-    ) -> Result<Self, StoreError> {
-        let url = url.to_string();
-        let cluster = cluster_seeds(&url).is_some();
-        let ca_file = ca_file.map(std::path::Path::to_path_buf);
-        let conn =
-            Link::open(move || {
-                let (url, ca_file) = (url.clone(), ca_file.clone());
-                async move {
-                    Conn::open(&url, ca_file.as_deref(), connect_timeout, response_timeout).await
-                }
-            })
-            .await
-            .map_err(StoreError::Unavailable)?;
+    /// Connects and loads the scripts.
+    pub(crate) async fn open(options: &ConnectOptions) -> Result<Self, StoreError> {
+        let cluster = cluster_seeds(&options.url).is_some();
+        let options = options.clone();
+        let conn = Link::open(move || {
+            let options = options.clone();
+            async move { Conn::open(&options).await }
+        })
+        .await
+        .map_err(StoreError::Unavailable)?;
         let executor = Self {
             conn,
             cluster,

@@ -26,6 +26,7 @@ mod reply;
 mod scripts;
 mod types;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 pub use check::{CheckReport, Problem, CHECK_STEP};
@@ -47,6 +48,9 @@ pub struct ConnectOptions {
     pub connect_timeout: Duration,
     /// A reply slower than this fails the call (as unavailable) instead of hanging.
     pub response_timeout: Duration,
+    /// PEM file of CAs trusted besides the system roots on a `rediss://` link
+    /// (`redis.tls_ca_file`).
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 #[derive(Clone)]
@@ -60,23 +64,7 @@ impl Store {
     /// Connects and loads the scripts. Later reconnects (and `NOSCRIPT` after a Redis
     /// restart) are handled inside; callers only see [`StoreError::Unavailable`].
     pub async fn connect(options: &ConnectOptions, limits: Limits) -> Result<Self, StoreError> {
-        Self::connect_with_ca(options, None, limits).await
-    }
-
-    /// [`Store::connect`] trusting the CAs of `ca_file` (PEM) besides the system roots
-    /// on a `rediss://` link (`redis.tls_ca_file`).
-    pub async fn connect_with_ca(
-        options: &ConnectOptions,
-        ca_file: Option<&std::path::Path>,
-        limits: Limits,
-    ) -> Result<Self, StoreError> {
-        let exec = Executor::open(
-            &options.url,
-            ca_file,
-            options.connect_timeout,
-            options.response_timeout,
-        )
-        .await?;
+        let exec = Executor::open(options).await?;
         Ok(Self {
             exec,
             keys: KeySpace::new(options.prefix.clone()),
