@@ -10,6 +10,7 @@
 //! - `api.rs`: the typed methods, one per script (`check.rs`: the fsck walk);
 //! - `exec.rs`: the transport (standalone or cluster, pipelining, `NOSCRIPT`);
 //! - `keys.rs`: key names; `reply.rs`: reply decoding; `error.rs`: the error boundary;
+//! - `notify.rs`: the Pub/Sub notifications and the [`DueHints`] they feed;
 //! - `conn.rs`, `link.rs`: opening connections and replacing dead ones.
 //!
 //! Adding a script: `lua/<name>.lua`, its name in the list of `scripts.rs`, a typed
@@ -22,11 +23,13 @@ mod error;
 mod exec;
 mod keys;
 mod link;
+mod notify;
 mod reply;
 mod scripts;
 mod types;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use check::{CheckReport, Problem, CHECK_STEP};
@@ -34,6 +37,7 @@ pub use conn::{cluster_seeds, Conn, CLUSTER_SCHEME};
 pub use error::{RejectCode, Rejection, StoreError};
 use exec::Executor;
 pub use keys::{KeySpace, TopicKeys};
+pub use notify::DueHints;
 pub use scripts::SOURCES as SCRIPT_SOURCES;
 pub use types::{
     Applied, Batch, JobInfo, JobState, Lease, Limits, Op, PutOutcome, PutRequest, PutStatus,
@@ -56,6 +60,8 @@ pub struct ConnectOptions {
 #[derive(Clone)]
 pub struct Store {
     exec: Executor,
+    /// Kept for the Pub/Sub subscription, which needs a connection of its own.
+    options: Arc<ConnectOptions>,
     keys: KeySpace,
     limits: Limits,
 }
@@ -67,6 +73,7 @@ impl Store {
         let exec = Executor::open(options).await?;
         Ok(Self {
             exec,
+            options: Arc::new(options.clone()),
             keys: KeySpace::new(options.prefix.clone()),
             limits,
         })
