@@ -16,13 +16,13 @@ use tokio_util::task::TaskTracker;
 
 use crate::amqp::{self, AmqpError};
 use crate::config::Config;
-use crate::dispatch::{self, Dispatcher, Plan, ServerClock, Wake};
+use crate::dispatch::{Dispatcher, Plan, ServerClock};
 use crate::feed::Feed;
 use crate::http::{self, AppState};
 use crate::ingest::Ingest;
 use crate::metrics::{Metrics, Stage};
 use crate::requeue;
-use crate::store::Store;
+use crate::store::{DueHints, Store};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -40,7 +40,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     let config = Arc::new(config);
     let metrics = Arc::new(Metrics::new());
     let feed = Feed::new();
-    let wake = Arc::new(Wake::new());
+    let hints = Arc::new(DueHints::new());
 
     // Bind first: a port conflict is a configuration error worth failing on at once.
     let listener = if config.http.enabled {
@@ -72,13 +72,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
             }
         });
     }
-    tasks.spawn(dispatch::listen(
-        config.redis.url.clone(),
-        crate::tls::ca_file(&config.redis.tls_ca_file).map(Into::into),
-        store.keys().notify_channel(),
-        wake.clone(),
-        shutdown.clone(),
-    ));
+    {
+        let (store, hints, shutdown) = (store.clone(), hints.clone(), shutdown.clone());
+        tasks.spawn(async move { store.follow_notifications(hints, shutdown).await });
+    }
     tasks.spawn(requeue::run(
         store.clone(),
         metrics.clone(),
@@ -92,14 +89,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         config: config.clone(),
         metrics: metrics.clone(),
         feed: feed.clone(),
-        wake: wake.clone(),
+        hints: hints.clone(),
     };
     let dispatcher = Dispatcher {
         store,
         config: config.clone(),
         metrics: metrics.clone(),
         feed,
-        wake,
+        hints,
         clock: Arc::new(ServerClock::new()),
     };
     // Ingest and dispatch each get their own connection: a command the client library
@@ -143,8 +140,7 @@ async fn connect_store(
 ) -> Option<Store> {
     let mut backoff = Duration::from_millis(200);
     loop {
-        let ca_file = crate::tls::ca_file(&config.redis.tls_ca_file);
-        match Store::connect_with_ca(&config.connect_options(), ca_file, config.limits()).await {
+        match Store::connect(&config.connect_options(), config.limits()).await {
             Ok(store) => {
                 metrics.redis_up.set(1);
                 tracing::info!(url = %crate::config::redact_url(&config.redis.url), prefix = %config.redis.prefix, "connected to Redis");

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use crate::config::{Config, ConfigError};
 use crate::job::{Due, JobId, PutMode, Topic};
 use crate::store::{PutRequest, Rejection, Store, StoreError, MAX_BATCH};
+use crate::view::{self, rfc3339, DeleteView, JobView, ListView, PutView, TopicsView};
 
 /// Exit codes of every command.
 pub mod exit {
@@ -306,8 +307,7 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
 }
 
 async fn connect(config: &Config) -> Result<Store, CliError> {
-    let ca_file = crate::tls::ca_file(&config.redis.tls_ca_file);
-    Store::connect_with_ca(&config.connect_options(), ca_file, config.limits())
+    Store::connect(&config.connect_options(), config.limits())
         .await
         .map_err(|err| match err {
             StoreError::Unavailable(e) => CliError::Unavailable(format!(
@@ -372,14 +372,12 @@ async fn put(store: &Store, args: &PutArgs, body: Vec<u8>) -> Result<Output, Cli
         })
         .await?;
     let now = store.server_time().await?;
-    let json = json!({
-        "topic": args.topic,
-        "id": args.id,
-        "status": outcome.status,
-        "due_at": outcome.due_at,
-        "due_at_rfc3339": rfc3339(outcome.due_at),
-        "body_bytes": size,
-    });
+    let json = view::to_json(&PutView::new(
+        args.topic.as_str(),
+        args.id.as_str(),
+        &outcome,
+        size,
+    ));
     let human = format!(
         "{} {}/{} due {} ({})",
         outcome.status.as_str(),
@@ -394,7 +392,7 @@ async fn put(store: &Store, args: &PutArgs, body: Vec<u8>) -> Result<Output, Cli
 async fn delete(store: &Store, job: &JobRef) -> Result<Output, CliError> {
     if store.delete(&job.topic, &job.id).await? {
         Ok(Output {
-            json: json!({ "topic": job.topic, "id": job.id, "deleted": true }),
+            json: view::to_json(&DeleteView::deleted(job.topic.as_str(), job.id.as_str())),
             human: format!("deleted {}/{}", job.topic, job.id),
         })
     } else {
@@ -411,7 +409,7 @@ async fn get(store: &Store, job: &JobRef) -> Result<Output, CliError> {
         .await?
         .ok_or_else(|| CliError::NotFound(format!("no job {} in topic {}", job.id, job.topic)))?;
     let now = store.server_time().await?;
-    let json = crate::http::job_json(&job.topic, job.id.as_str(), &info);
+    let json = view::to_json(&JobView::new(&job.topic, job.id.as_str(), &info));
     let mut human = format!(
         "topic     {}\nid        {}\nstate     {}\ndue at    {} ({})\nattempts  {}\n",
         job.topic,
@@ -455,13 +453,7 @@ async fn list(
     }
     let jobs = store.list(topic, limit, offset).await?;
     let now = store.server_time().await?;
-    let json = json!({
-        "topic": topic,
-        "jobs": jobs
-            .iter()
-            .map(|(id, due_at)| json!({ "id": id, "due_at": due_at, "due_at_rfc3339": rfc3339(*due_at) }))
-            .collect::<Vec<_>>(),
-    });
+    let json = view::to_json(&ListView::new(topic, now, &jobs));
     let human = if jobs.is_empty() {
         format!("no scheduled jobs in topic {topic}")
     } else {
@@ -494,19 +486,7 @@ async fn stats(store: &Store, topic: Option<&Topic>) -> Result<Output, CliError>
         let stats = store.stats(&topic).await?;
         rows.push((topic, stats));
     }
-    let json = json!({
-        "topics": rows
-            .iter()
-            .map(|(topic, s)| json!({
-                "topic": topic,
-                "scheduled": s.scheduled,
-                "due_now": s.due_now,
-                "reserved": s.reserved,
-                "expired": s.expired,
-                "records": s.records,
-            }))
-            .collect::<Vec<_>>(),
-    });
+    let json = view::to_json(&TopicsView::new(&rows));
     let human = if rows.is_empty() {
         "no topics yet".to_string()
     } else {
@@ -591,19 +571,6 @@ async fn check(store: &Store, topic: Option<&Topic>, repair: bool) -> Result<Out
         return Err(CliError::Problems(Box::new(output)));
     }
     Ok(output)
-}
-
-/// Epoch ms as RFC 3339 UTC with milliseconds.
-pub fn rfc3339(ms: i64) -> String {
-    let time = if ms >= 0 {
-        UNIX_EPOCH.checked_add(Duration::from_millis(ms.unsigned_abs()))
-    } else {
-        UNIX_EPOCH.checked_sub(Duration::from_millis(ms.unsigned_abs()))
-    };
-    match time {
-        Some(time) => humantime::format_rfc3339_millis(time).to_string(),
-        None => ms.to_string(),
-    }
 }
 
 /// `in 3days 2h`, `12s ago`, `now`: seconds precision is enough for people.

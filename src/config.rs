@@ -419,7 +419,65 @@ impl Config {
         }
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|e| invalid("log.level", e.to_string()))?;
-        crate::tls::validate(self)
+        self.validate_tls()
+    }
+
+    /// The TLS part of the config check: TLS URLs need the feature, a CA file needs a TLS
+    /// URL to apply to (a CA file next to a plaintext URL would look protected and not
+    /// be), and it must hold at least one PEM certificate.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let redis_tls = self.redis.url.starts_with("rediss://");
+        let amqp_tls = self
+            .amqp
+            .url
+            .split(',')
+            .any(|u| u.trim().starts_with("amqps://"));
+        for (key, tls, scheme) in [
+            ("redis.url", redis_tls, "rediss://"),
+            ("amqp.url", amqp_tls, "amqps://"),
+        ] {
+            if tls && !crate::tls::ENABLED {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "{scheme} needs TLS, and this build has none (built without the `tls` feature)"
+                    ),
+                ));
+            }
+        }
+        for (key, file, tls, scheme) in [
+            (
+                "redis.tls_ca_file",
+                &self.redis.tls_ca_file,
+                redis_tls,
+                "rediss://",
+            ),
+            (
+                "amqp.tls_ca_file",
+                &self.amqp.tls_ca_file,
+                amqp_tls,
+                "amqps://",
+            ),
+        ] {
+            let Some(path) = crate::tls::ca_file(file) else {
+                continue;
+            };
+            if !tls {
+                return Err(invalid(
+                    key,
+                    format!("only used with a {scheme} URL: use one, or leave this key empty"),
+                ));
+            }
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| invalid(key, format!("cannot read {}: {e}", path.display())))?;
+            if !text.contains(crate::tls::PEM_CERTIFICATE) {
+                return Err(invalid(
+                    key,
+                    format!("{} holds no PEM certificate", path.display()),
+                ));
+            }
+        }
+        Ok(())
     }
 
     pub fn connect_options(&self) -> ConnectOptions {
@@ -428,6 +486,7 @@ impl Config {
             prefix: self.redis.prefix.clone(),
             connect_timeout: Duration::from_millis(self.redis.connect_timeout_ms),
             response_timeout: Duration::from_millis(self.redis.response_timeout_ms),
+            tls_ca_file: crate::tls::ca_file(&self.redis.tls_ca_file).map(Path::to_path_buf),
         }
     }
 
@@ -649,5 +708,50 @@ mod shipped_file_tests {
             .extract()
             .expect("config/default.toml loads");
         assert_eq!(from_file, Config::default());
+    }
+
+    #[test]
+    fn a_ca_file_needs_a_tls_url_and_a_certificate() {
+        let dir = std::env::temp_dir().join(format!("redisched-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pem = dir.join("ca.pem");
+        std::fs::write(
+            &pem,
+            format!(
+                "{}\nAAAA\n-----END CERTIFICATE-----\n",
+                crate::tls::PEM_CERTIFICATE
+            ),
+        )
+        .unwrap();
+        let junk = dir.join("junk.pem");
+        std::fs::write(&junk, "not a certificate").unwrap();
+
+        let mut config = Config::default();
+        config.validate().expect("defaults are valid");
+        config.redis.tls_ca_file = pem.display().to_string();
+        let err = config.validate().expect_err("redis:// with a CA file");
+        assert!(err.to_string().contains("redis.tls_ca_file"), "{err}");
+        config.redis.url = "rediss://127.0.0.1:6380/0".into();
+        if crate::tls::ENABLED {
+            config.validate().expect("rediss:// with a CA file");
+        } else {
+            let err = config.validate().expect_err("no TLS in this build");
+            assert!(err.to_string().contains("redis.url"), "{err}");
+            return;
+        }
+        config.redis.tls_ca_file = junk.display().to_string();
+        let err = config.validate().expect_err("no certificate in it");
+        assert!(err.to_string().contains("no PEM certificate"), "{err}");
+        config.redis.tls_ca_file = dir.join("missing.pem").display().to_string();
+        let err = config.validate().expect_err("missing file");
+        assert!(err.to_string().contains("cannot read"), "{err}");
+        config.redis.tls_ca_file = String::new();
+
+        config.amqp.tls_ca_file = pem.display().to_string();
+        let err = config.validate().expect_err("amqp:// with a CA file");
+        assert!(err.to_string().contains("amqp.tls_ca_file"), "{err}");
+        config.amqp.url = "amqps://guest:guest@127.0.0.1:5671/%2f".into();
+        config.validate().expect("amqps:// with a CA file");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

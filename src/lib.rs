@@ -21,3 +21,4 @@ pub mod requeue;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+pub mod view;

@@ -10,79 +10,14 @@
 
 use std::path::Path;
 
-use crate::config::{Config, ConfigError};
-
 /// Whether this build can speak TLS.
 pub const ENABLED: bool = cfg!(feature = "tls");
 
-const PEM_CERTIFICATE: &str = "-----BEGIN CERTIFICATE-----";
+pub(crate) const PEM_CERTIFICATE: &str = "-----BEGIN CERTIFICATE-----";
 
 /// `Some(path)` for a non-empty config value.
 pub fn ca_file(value: &str) -> Option<&Path> {
     (!value.is_empty()).then(|| Path::new(value))
-}
-
-/// The TLS part of the config check: TLS URLs need the feature, a CA file needs a TLS
-/// URL to apply to (a CA file next to a plaintext URL would look protected and not
-/// be), and it must hold at least one PEM certificate.
-pub fn validate(config: &Config) -> Result<(), ConfigError> {
-    let redis_tls = config.redis.url.starts_with("rediss://");
-    let amqp_tls = config
-        .amqp
-        .url
-        .split(',')
-        .any(|u| u.trim().starts_with("amqps://"));
-    for (key, tls, scheme) in [
-        ("redis.url", redis_tls, "rediss://"),
-        ("amqp.url", amqp_tls, "amqps://"),
-    ] {
-        if tls && !ENABLED {
-            return Err(invalid(
-                key,
-                format!(
-                    "{scheme} needs TLS, and this build has none (built without the `tls` feature)"
-                ),
-            ));
-        }
-    }
-    for (key, file, tls, scheme) in [
-        (
-            "redis.tls_ca_file",
-            &config.redis.tls_ca_file,
-            redis_tls,
-            "rediss://",
-        ),
-        (
-            "amqp.tls_ca_file",
-            &config.amqp.tls_ca_file,
-            amqp_tls,
-            "amqps://",
-        ),
-    ] {
-        let Some(path) = ca_file(file) else { continue };
-        if !tls {
-            return Err(invalid(
-                key,
-                format!("only used with a {scheme} URL: use one, or leave this key empty"),
-            ));
-        }
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| invalid(key, format!("cannot read {}: {e}", path.display())))?;
-        if !text.contains(PEM_CERTIFICATE) {
-            return Err(invalid(
-                key,
-                format!("{} holds no PEM certificate", path.display()),
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key,
-        message: message.into(),
-    }
 }
 
 /// A Redis client for `url`; with `ca_file` (a `rediss://` URL), one that also trusts
@@ -157,51 +92,4 @@ pub fn amqp_tls_config(ca_file: Option<&Path>) -> std::io::Result<lapin::tcp::Ow
         identity: None,
         cert_chain,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_ca_file_needs_a_tls_url_and_a_certificate() {
-        let dir = std::env::temp_dir().join(format!("redisched-tls-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let pem = dir.join("ca.pem");
-        std::fs::write(
-            &pem,
-            format!("{PEM_CERTIFICATE}\nAAAA\n-----END CERTIFICATE-----\n"),
-        )
-        .unwrap();
-        let junk = dir.join("junk.pem");
-        std::fs::write(&junk, "not a certificate").unwrap();
-
-        let mut config = Config::default();
-        config.validate().expect("defaults are valid");
-        config.redis.tls_ca_file = pem.display().to_string();
-        let err = config.validate().expect_err("redis:// with a CA file");
-        assert!(err.to_string().contains("redis.tls_ca_file"), "{err}");
-        config.redis.url = "rediss://127.0.0.1:6380/0".into();
-        if ENABLED {
-            config.validate().expect("rediss:// with a CA file");
-        } else {
-            let err = config.validate().expect_err("no TLS in this build");
-            assert!(err.to_string().contains("redis.url"), "{err}");
-            return;
-        }
-        config.redis.tls_ca_file = junk.display().to_string();
-        let err = config.validate().expect_err("no certificate in it");
-        assert!(err.to_string().contains("no PEM certificate"), "{err}");
-        config.redis.tls_ca_file = dir.join("missing.pem").display().to_string();
-        let err = config.validate().expect_err("missing file");
-        assert!(err.to_string().contains("cannot read"), "{err}");
-        config.redis.tls_ca_file = String::new();
-
-        config.amqp.tls_ca_file = pem.display().to_string();
-        let err = config.validate().expect_err("amqp:// with a CA file");
-        assert!(err.to_string().contains("amqp.tls_ca_file"), "{err}");
-        config.amqp.url = "amqps://guest:guest@127.0.0.1:5671/%2f".into();
-        config.validate().expect("amqps:// with a CA file");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
 }

@@ -129,7 +129,7 @@ async fn check_reports_every_kind_of_damage_and_repair_restores_the_invariant() 
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(info.state, redisched::job::JobState::Unindexed);
+    assert_eq!(info.state, redisched::store::JobState::Unindexed);
 
     let repaired = store.check(&topic("mixed"), true).await.expect("repair");
     assert_eq!(kinds(&repaired), expected);

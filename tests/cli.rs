@@ -233,6 +233,8 @@ fn json_output_for_scripts() {
         .map(|j| j["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["o-2", "o-3", "bin"]);
+    // The same view as `GET /v1/topics/{topic}/jobs`: the server's clock too.
+    assert!(list["now"].as_i64().unwrap() > 0, "{list}");
     let rest = cli.json(&["list", "orders", "--limit", "3", "--offset", "3"]);
     assert_eq!(rest["jobs"][0]["id"], "o-1");
 

@@ -19,6 +19,7 @@ async fn cluster_store(cluster: &Cluster, prefix: &str) -> Store {
         prefix: prefix.into(),
         connect_timeout: Duration::from_secs(3),
         response_timeout: Duration::from_secs(5),
+        tls_ca_file: None,
     };
     Store::connect(&options, common::DEFAULT_LIMITS)
         .await

@@ -266,6 +266,11 @@ async fn rest_put_get_list_delete() {
         .collect();
     assert_eq!(ids, ["a b/c", "o-1", "bin"], "earliest first, limited");
     assert!(body["now"].as_i64().unwrap() > 0);
+    // The same rows as `redisched list --json` (one view for both faces).
+    assert_eq!(
+        body["jobs"][0]["due_at_rfc3339"],
+        redisched::view::rfc3339(body["jobs"][0]["due_at"].as_i64().unwrap())
+    );
 
     let (status, body) = s.get("/v1/topics").await;
     assert_eq!(status, StatusCode::OK);
@@ -804,6 +809,7 @@ async fn redis_going_away_gives_503_not_a_hang() {
         prefix: prefix.clone(),
         connect_timeout: Duration::from_millis(500),
         response_timeout: Duration::from_millis(1000),
+        tls_ca_file: None,
     };
     let store = Store::connect(&options, LIMITS)
         .await

@@ -7,7 +7,8 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use redisched::job::{Due, JobId, JobState, PutMode, Topic};
+use redisched::job::{Due, JobId, PutMode, Topic};
+use redisched::store::JobState;
 use redisched::store::{Lease, PutRequest};
 
 fn lua(name: &str) -> String {

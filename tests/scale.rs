@@ -84,6 +84,7 @@ async fn store_at(url: &str, prefix: &str) -> Store {
         prefix: prefix.into(),
         connect_timeout: Duration::from_secs(3),
         response_timeout: Duration::from_secs(10),
+        tls_ca_file: None,
     };
     Store::connect(&options, common::DEFAULT_LIMITS)
         .await

@@ -20,7 +20,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use redis::Commands;
-use redisched::job::{Due, JobId, JobState, PutMode, PutStatus, Topic};
+use redisched::job::{Due, JobId, PutMode, Topic};
+use redisched::store::{JobState, PutStatus};
 use redisched::store::{Lease, PutRequest, Store};
 
 const TOPICS: [&str; 2] = ["m.one", "m.two"];

@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::{Commands, Value};
-use redisched::job::{Due, JobId, JobState, PutMode, PutStatus, ReservedJob, Topic};
+use redisched::job::{Due, JobId, PutMode, Topic};
 use redisched::store::{
     Applied, Lease, Limits, Op, PutRequest, RejectCode, Rejection, StoreError, SCRIPT_SOURCES,
 };
+use redisched::store::{JobState, PutStatus, ReservedJob};
 
 use common::{raw_redis, test_store, test_store_with, DEFAULT_LIMITS};
 

@@ -1,6 +1,7 @@
 mod common;
 
-use redisched::job::{Due, JobId, PutMode, PutStatus, Topic};
+use redisched::job::{Due, JobId, PutMode, Topic};
+use redisched::store::PutStatus;
 use redisched::store::{Lease, PutRequest};
 use std::time::Duration;
 

@@ -192,10 +192,9 @@ async fn tls_broker(config: &Config, ca: &Path) -> Broker {
 
 /// Connecting to Redis as `config` says fails (within the timeout, not by hanging).
 async fn redis_refused(config: &Config, what: &str) {
-    let ca = redisched::tls::ca_file(&config.redis.tls_ca_file);
     let attempt = tokio::time::timeout(
         Duration::from_secs(15),
-        Store::connect_with_ca(&config.connect_options(), ca, DEFAULT_LIMITS),
+        Store::connect(&config.connect_options(), DEFAULT_LIMITS),
     )
     .await
     .unwrap_or_else(|_| panic!("{what}: the Redis connect hung"));
@@ -267,13 +266,11 @@ async fn jobs_flow_over_tls_on_both_links_and_untrusted_or_plaintext_clients_are
     assert_eq!(message_id(&job), "job-1");
     assert_eq!(job.data, b"over TLS");
     assert!(at >= sent + 500, "delivered early: {} ms", at - sent);
-    let store = Store::connect_with_ca(
-        &config.connect_options(),
-        Some(&certs.path("ca.pem")),
-        DEFAULT_LIMITS,
-    )
-    .await
-    .expect("a store over TLS");
+    let mut options = config.connect_options();
+    options.tls_ca_file = Some(certs.path("ca.pem"));
+    let store = Store::connect(&options, DEFAULT_LIMITS)
+        .await
+        .expect("a store over TLS");
     let topic = redisched::job::Topic::new("tls.check").expect("topic");
     let stats = store.stats(&topic).await.expect("stats over TLS");
     eprintln!("stats over TLS after delivery: {stats:?}");

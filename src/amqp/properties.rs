@@ -9,7 +9,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 
 use super::headers;
-use crate::job::ReservedJob;
+use crate::store::ReservedJob;
 
 /// The part of a command's properties that is stored and forwarded: content type and
 /// encoding, type, app id, correlation id, priority, timestamp, and every header but

@@ -435,6 +435,7 @@ async fn store_bench(mut args: StoreArgs) -> Result<()> {
         prefix: prefix.clone(),
         connect_timeout: Duration::from_secs(5),
         response_timeout: Duration::from_secs(60),
+        tls_ca_file: None,
     };
     let limits = Limits {
         max_delay_ms: 366 * 24 * 3_600_000,

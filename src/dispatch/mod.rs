@@ -2,13 +2,12 @@
 //! `mandatory` and publisher confirms, and releases each job only once the broker
 //! acked it without returning it. A nack or a return puts the job back with backoff.
 //!
-//! The loop sleeps until the earliest due time it knows of, or until [`Wake`] says a
+//! The loop sleeps until the earliest due time it knows of, or until the store's [`DueHints`] say a
 //! topic got earlier work. Due-ness itself is decided by the reserve script on the
 //! Redis server's clock, so waking early is harmless and a job is never sent early.
 
 mod clock;
 mod confirm;
-mod wake;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -23,12 +22,12 @@ use tokio_util::sync::CancellationToken;
 use crate::amqp::{self, decode_meta, outgoing_properties, AmqpError};
 use crate::config::Config;
 use crate::feed::Feed;
-use crate::job::{ReservedJob, Topic};
+use crate::job::Topic;
 use crate::metrics::Metrics;
-use crate::store::{Lease, Store};
+use crate::store::ReservedJob;
+use crate::store::{DueHints, Lease, Store};
 pub use clock::ServerClock;
 use confirm::{Confirmer, InFlight};
-pub use wake::{listen, parse_notification, Wake};
 
 /// Due topics reserved from in one round trip.
 const RESERVE_GROUP: usize = 64;
@@ -87,7 +86,7 @@ pub struct Dispatcher {
     pub config: Arc<Config>,
     pub metrics: Arc<Metrics>,
     pub feed: Feed,
-    pub wake: Arc<Wake>,
+    pub hints: Arc<DueHints>,
     pub clock: Arc<ServerClock>,
 }
 
@@ -151,12 +150,12 @@ impl Dispatcher {
                 }
                 continue;
             }
-            for (topic, due) in self.wake.take_hints() {
+            for (topic, due) in self.hints.take_hints() {
                 plan.lower(topic, due);
             }
             // A full pass at start and after missed notifications; otherwise one chunk
             // of topics per poll interval, so a tick never costs a call per topic.
-            let full = self.wake.take_rescan() || plan.last_rescan.is_none();
+            let full = self.hints.take_rescan() || plan.last_rescan.is_none();
             let rescan_due = plan.last_rescan.is_none_or(|at| at.elapsed() >= poll);
             if full || rescan_due {
                 if let Err(err) = self.rescan(plan, full).await {
@@ -178,7 +177,7 @@ impl Dispatcher {
                     .min(poll);
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
-                    _ = self.wake.notified() => {}
+                    _ = self.hints.notified() => {}
                     _ = tokio::time::sleep(nap) => {}
                 }
                 continue;

@@ -9,12 +9,14 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::{job_json, ApiError, AppState};
+use super::{ApiError, AppState};
 use crate::feed::Event;
-use crate::job::{Due, JobId, PutMode, PutOutcome, PutStatus, Topic};
+use crate::job::{Due, JobId, PutMode, Topic};
+use crate::store::{PutOutcome, PutStatus};
 use crate::store::{PutRequest, MAX_BATCH};
+use crate::view::{DeleteView, JobView, ListView, PutView, TopicsView};
 
 /// Jobs listed when `limit` is not given.
 const DEFAULT_LIST_LIMIT: usize = 50;
@@ -23,22 +25,9 @@ const DEFAULT_LIST_LIMIT: usize = 50;
 // Reads
 
 /// `GET /v1/topics`: every known topic with its counts.
-pub async fn topics(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+pub async fn topics(State(state): State<AppState>) -> Result<Json<TopicsView>, ApiError> {
     let rows = super::ops::topic_stats(&state).await?;
-    let topics: Vec<Value> = rows
-        .iter()
-        .map(|(topic, s)| {
-            json!({
-                "topic": topic,
-                "scheduled": s.scheduled,
-                "due_now": s.due_now,
-                "reserved": s.reserved,
-                "expired": s.expired,
-                "records": s.records,
-            })
-        })
-        .collect();
-    Ok(Json(json!({ "topics": topics })))
+    Ok(Json(TopicsView::new(&rows)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -52,7 +41,7 @@ pub async fn list_jobs(
     State(state): State<AppState>,
     Path(topic): Path<String>,
     query: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ListView>, ApiError> {
     let topic = parse_topic(&topic)?;
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let limit = match query.limit.as_deref() {
@@ -75,22 +64,18 @@ pub async fn list_jobs(
     };
     let jobs = state.store.list(&topic, limit, offset).await?;
     let now = state.store.server_time().await?;
-    let jobs: Vec<Value> = jobs
-        .into_iter()
-        .map(|(id, due_at)| json!({ "id": id, "due_at": due_at }))
-        .collect();
-    Ok(Json(json!({ "topic": topic, "now": now, "jobs": jobs })))
+    Ok(Json(ListView::new(&topic, now, &jobs)))
 }
 
 /// `GET /v1/topics/{topic}/jobs/{id}`.
 pub async fn get_job(
     State(state): State<AppState>,
     Path((topic, id)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<JobView>, ApiError> {
     let topic = parse_topic(&topic)?;
     let id = parse_id(&id)?;
     match state.store.get(&topic, &id).await? {
-        Some(info) => Ok(Json(job_json(&topic, id.as_str(), &info))),
+        Some(info) => Ok(Json(JobView::new(&topic, id.as_str(), &info))),
         None => Err(not_found(&topic, &id)),
     }
 }
@@ -224,7 +209,8 @@ async fn put(
     body: Vec<u8>,
     due: Due,
     mode: PutMode,
-) -> Result<PutOutcome, ApiError> {
+) -> Result<(PutOutcome, usize), ApiError> {
+    let body_bytes = body.len();
     let request = PutRequest {
         topic,
         id,
@@ -233,7 +219,7 @@ async fn put(
         due,
         mode,
     };
-    Ok(state.store.put(request).await?)
+    Ok((state.store.put(request).await?, body_bytes))
 }
 
 async fn delete(state: &AppState, topic: &str, id: &str) -> Result<(), ApiError> {
@@ -252,26 +238,20 @@ fn finish_put(
     topic: &str,
     id: &str,
     mode: PutMode,
-    result: Result<PutOutcome, ApiError>,
+    result: Result<(PutOutcome, usize), ApiError>,
 ) -> Response {
     let op = match mode {
         PutMode::Keep => "put",
         PutMode::Replace => "replace",
     };
     match result {
-        Ok(outcome) => {
+        Ok((outcome, body_bytes)) => {
             record(state, topic, id, op, outcome.status.as_str());
             let status = match outcome.status {
                 PutStatus::Scheduled => StatusCode::CREATED,
                 PutStatus::Replaced | PutStatus::Duplicate => StatusCode::OK,
             };
-            let body = json!({
-                "topic": topic,
-                "id": id,
-                "status": outcome.status,
-                "due_at": outcome.due_at,
-                "due_at_rfc3339": crate::cli::rfc3339(outcome.due_at),
-            });
+            let body = PutView::new(topic, id, &outcome, body_bytes);
             (status, Json(body)).into_response()
         }
         Err(err) => {
@@ -290,7 +270,7 @@ fn finish_delete(
     match result {
         Ok(()) => {
             record(state, topic, id, "delete", "deleted");
-            Json(json!({ "topic": topic, "id": id, "deleted": true })).into_response()
+            Json(DeleteView::deleted(topic, id)).into_response()
         }
         Err(err) => {
             let outcome = if err.status == StatusCode::NOT_FOUND {
@@ -458,6 +438,7 @@ async fn read_json<T: serde::de::DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn due_times_parse_from_query_values() {

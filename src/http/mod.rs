@@ -19,13 +19,10 @@ use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use base64::Engine as _;
-use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::feed::Feed;
-use crate::job::{JobInfo, JobState, Topic};
 use crate::metrics::Metrics;
 use crate::store::Store;
 
@@ -123,33 +120,4 @@ async fn openapi() -> Response {
         OPENAPI_JSON,
     )
         .into_response()
-}
-
-/// One job as the API and `redisched get --json` show it. The body is UTF-8 text when
-/// it is valid UTF-8 (`"encoding": "utf-8"`), base64 otherwise (`"encoding": "base64"`).
-pub fn job_json(topic: &Topic, id: &str, info: &JobInfo) -> Value {
-    let state = match info.state {
-        JobState::Scheduled => "scheduled",
-        JobState::Reserved => "reserved",
-        JobState::Unindexed => "unindexed",
-    };
-    let (body, encoding) = match std::str::from_utf8(&info.body) {
-        Ok(text) => (text.to_string(), "utf-8"),
-        Err(_) => (
-            base64::engine::general_purpose::STANDARD.encode(&info.body),
-            "base64",
-        ),
-    };
-    json!({
-        "topic": topic,
-        "id": id,
-        "state": state,
-        "due_at": info.due_at,
-        "due_at_rfc3339": crate::cli::rfc3339(info.due_at),
-        "attempts": info.attempts,
-        "deadline": info.deadline,
-        "body": body,
-        "encoding": encoding,
-        "body_bytes": info.body.len(),
-    })
 }

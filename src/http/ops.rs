@@ -15,7 +15,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::{AppState, Shutdown};
 
-type StatOf = fn(&crate::job::TopicStats) -> u64;
+type StatOf = fn(&crate::store::TopicStats) -> u64;
 
 /// How long readiness waits for Redis to answer `PING`.
 const PING_TIMEOUT: Duration = Duration::from_secs(2);
@@ -105,7 +105,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
 
 pub(super) async fn topic_stats(
     state: &AppState,
-) -> Result<Vec<(crate::job::Topic, crate::job::TopicStats)>, crate::store::StoreError> {
+) -> Result<Vec<(crate::job::Topic, crate::store::TopicStats)>, crate::store::StoreError> {
     let topics = state.store.topics().await?;
     let stats =
         futures_util::future::try_join_all(topics.iter().map(|t| state.store.stats(t))).await?;

@@ -24,11 +24,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::amqp::{self, headers, AmqpError};
 use crate::config::Config;
-use crate::dispatch::Wake;
 use crate::feed::{Event, Feed};
-use crate::job::PutStatus;
 use crate::metrics::Metrics;
-use crate::store::{Applied, Op, Store, StoreError};
+use crate::store::PutStatus;
+use crate::store::{Applied, DueHints, Op, Store, StoreError};
 pub use decode::{decode, decode_parts, Invalid};
 
 pub struct Ingest {
@@ -36,7 +35,7 @@ pub struct Ingest {
     pub config: Arc<Config>,
     pub metrics: Arc<Metrics>,
     pub feed: Feed,
-    pub wake: Arc<Wake>,
+    pub hints: Arc<DueHints>,
 }
 
 /// How one delivery ended, before it is acked.
@@ -192,7 +191,7 @@ impl Ingest {
     fn after_applied(&self, op: &Op, applied: Applied) {
         if let (Op::Put(put), Applied::Put(outcome)) = (op, applied) {
             if outcome.status != PutStatus::Duplicate {
-                self.wake.hint(&put.topic, outcome.due_at);
+                self.hints.hint(&put.topic, outcome.due_at);
             }
         }
     }

@@ -1,9 +1,9 @@
 //! `redisched check`: the store's fsck, one topic at a time, over `lua/check.lua`.
 
-use redis::Value;
 use serde::Serialize;
 
 use super::reply::Reader;
+use super::scripts::Scripts;
 use super::{Store, StoreError};
 use crate::job::Topic;
 
@@ -48,8 +48,8 @@ impl Store {
     /// [`CHECK_STEP`] entries, each one atomic, so it is safe beside running bridges.
     /// See `lua/check.lua`.
     pub async fn check(&self, topic: &Topic, repair: bool) -> Result<CheckReport, StoreError> {
-        let keys = self.keys.topic(topic).0;
-        let damaged = self.keys.damaged(topic);
+        let [scheduled, reserved, jobs, seq] = self.keys.topic(topic).0;
+        let keys = [scheduled, reserved, jobs, seq, self.keys.damaged(topic)];
         let mode = if repair { "repair" } else { "report" };
         let mut report = CheckReport {
             topic: topic.to_string(),
@@ -59,16 +59,11 @@ impl Store {
         };
         let mut cursor = "0".to_string();
         loop {
-            let value: Value = self
-                .scripts
-                .check
-                .key(&keys)
-                .key(&damaged)
+            let call = Scripts::call_with_keys(&self.exec.scripts().check, topic, &keys)
                 .arg(mode)
                 .arg(&cursor)
-                .arg(CHECK_STEP)
-                .invoke_async(&mut self.conn.clone())
-                .await?;
+                .arg(CHECK_STEP);
+            let value = self.exec.run_one(call).await?;
             let mut reply = Reader::new("check", value)?;
             cursor = reply.string("cursor")?;
             report.examined += u64::try_from(reply.int("examined")?).unwrap_or(0);

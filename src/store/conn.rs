@@ -4,13 +4,13 @@
 //! (seed nodes). Every script names all its keys in KEYS under one hash tag, so the
 //! cluster client can route each call to the one node that owns the topic.
 
-use std::path::Path;
 use std::time::Duration;
 
+use super::ConnectOptions;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 pub const CLUSTER_SCHEME: &str = "redis-cluster://";
 
@@ -38,14 +38,10 @@ pub fn cluster_seeds(url: &str) -> Option<Vec<String>> {
 }
 
 impl Conn {
-    /// `ca_file`: CAs trusted besides the system roots on a `rediss://` link.
-    pub async fn open(
-        url: &str,
-        ca_file: Option<&Path>,
-        connect_timeout: Duration,
-        response_timeout: Duration,
-    ) -> RedisResult<Self> {
-        if let Some(seeds) = cluster_seeds(url) {
+    pub async fn open(options: &ConnectOptions) -> RedisResult<Self> {
+        let (connect_timeout, response_timeout) =
+            (options.connect_timeout, options.response_timeout);
+        if let Some(seeds) = cluster_seeds(&options.url) {
             let client = ClusterClientBuilder::new(seeds)
                 .connection_timeout(connect_timeout)
                 .response_timeout(response_timeout)
@@ -53,7 +49,7 @@ impl Conn {
                 .build()?;
             return Ok(Conn::Cluster(client.get_async_connection().await?));
         }
-        let client = crate::tls::redis_client(url, ca_file)?;
+        let client = crate::tls::redis_client(&options.url, options.tls_ca_file.as_deref())?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(response_timeout))
@@ -91,12 +87,6 @@ impl ConnectionLike for Conn {
             Conn::Cluster(c) => c.get_db(),
         }
     }
-}
-
-/// For error paths that need a `RedisError` of our own.
-#[allow(dead_code)]
-pub(crate) fn io_error(message: &str) -> RedisError {
-    RedisError::from(std::io::Error::other(message.to_string()))
 }
 
 #[cfg(test)]

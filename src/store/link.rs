@@ -64,11 +64,6 @@ where
         })
     }
 
-    /// The connection in use now.
-    pub(crate) fn current(&self) -> C {
-        self.lock().conn.clone()
-    }
-
     fn lock(&self) -> MutexGuard<'_, Slot<C>> {
         // A poisoned lock still holds a usable connection.
         self.slot.lock().unwrap_or_else(|e| e.into_inner())

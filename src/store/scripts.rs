@@ -1,75 +1,71 @@
 //! The Lua scripts of `lua/`, embedded at build time so the binary and the files that
 //! other languages use can never drift apart.
+//!
+//! To add a script: put `lua/<name>.lua` (with its header), add `<name>` to the list
+//! below, and write its typed method in `api.rs` with [`Scripts::call`]. Loading,
+//! `NOSCRIPT` recovery and cluster routing come with it (`exec.rs`).
 
-use redis::Script;
+use redis::{Script, ToRedisArgs};
 
-pub struct Scripts {
-    pub put: Script,
-    pub delete: Script,
-    pub reserve: Script,
-    pub pull: Script,
-    pub release: Script,
-    pub retry: Script,
-    pub requeue: Script,
-    pub get: Script,
-    pub stats: Script,
-    pub list: Script,
-    pub check: Script,
+use super::exec::Call;
+use super::keys::TopicKeys;
+use crate::job::Topic;
+
+/// The one list of scripts: a field of [`Scripts`] and an entry of [`SOURCES`] each.
+macro_rules! scripts {
+    ($($name:ident),* $(,)?) => {
+        pub(crate) struct Scripts {
+            $(pub(crate) $name: Script,)*
+        }
+
+        /// Script sources by file name, for `SCRIPT LOAD` and for tests that call them raw.
+        pub const SOURCES: &[(&str, &str)] = &[
+            $((stringify!($name), include_str!(concat!("../../lua/", stringify!($name), ".lua"))),)*
+        ];
+
+        impl Scripts {
+            pub(crate) fn new() -> Self {
+                Self {
+                    $($name: Script::new(include_str!(concat!("../../lua/", stringify!($name), ".lua"))),)*
+                }
+            }
+        }
+    };
 }
 
-/// Script sources by file name, for `SCRIPT LOAD` and for tests that call them raw.
-pub const SOURCES: [(&str, &str); 11] = [
-    ("put", include_str!("../../lua/put.lua")),
-    ("delete", include_str!("../../lua/delete.lua")),
-    ("reserve", include_str!("../../lua/reserve.lua")),
-    ("pull", include_str!("../../lua/pull.lua")),
-    ("release", include_str!("../../lua/release.lua")),
-    ("retry", include_str!("../../lua/retry.lua")),
-    ("requeue", include_str!("../../lua/requeue.lua")),
-    ("get", include_str!("../../lua/get.lua")),
-    ("stats", include_str!("../../lua/stats.lua")),
-    ("list", include_str!("../../lua/list.lua")),
-    ("check", include_str!("../../lua/check.lua")),
-];
+scripts!(put, delete, reserve, pull, release, retry, requeue, get, stats, list, check);
 
 impl Scripts {
-    pub fn new() -> Self {
-        let [put, delete, reserve, pull, release, retry, requeue, get, stats, list, check] =
-            SOURCES.map(|(_, source)| Script::new(source));
-        Self {
-            put,
-            delete,
-            reserve,
-            pull,
-            release,
-            retry,
-            requeue,
-            get,
-            stats,
-            list,
-            check,
-        }
+    /// An `EVALSHA` of `script` on one topic's keys; add arguments with [`Call::arg`].
+    /// Every per-topic script takes the topic's four keys first ([`TopicKeys`]).
+    pub(crate) fn call(script: &Script, topic: &Topic, keys: &TopicKeys) -> Call {
+        Self::call_with_keys(script, topic, &keys.0)
     }
 
-    pub fn all(&self) -> [&Script; 11] {
-        [
-            &self.put,
-            &self.delete,
-            &self.reserve,
-            &self.pull,
-            &self.release,
-            &self.retry,
-            &self.requeue,
-            &self.get,
-            &self.stats,
-            &self.list,
-            &self.check,
-        ]
+    /// [`Scripts::call`] with an explicit key list (all under the topic's hash tag).
+    pub(crate) fn call_with_keys(script: &Script, topic: &Topic, keys: &[String]) -> Call {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+        Call::on_topic(topic, cmd)
+    }
+
+    /// `SCRIPT LOAD` of every script (a cluster client sends it to every primary).
+    pub(crate) fn loads(&self) -> Vec<Call> {
+        SOURCES
+            .iter()
+            .map(|(_, source)| {
+                let mut cmd = redis::cmd("SCRIPT");
+                cmd.arg("LOAD").arg(*source);
+                Call::global(cmd)
+            })
+            .collect()
     }
 }
 
-impl Default for Scripts {
-    fn default() -> Self {
-        Self::new()
+impl Call {
+    /// Appends one script argument (`ARGV` in order).
+    pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
+        self.cmd_mut().arg(arg);
+        self
     }
 }

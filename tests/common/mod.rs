@@ -65,6 +65,7 @@ pub async fn test_store_named(prefix: &str) -> Store {
         prefix: prefix.to_string(),
         connect_timeout: Duration::from_secs(3),
         response_timeout: Duration::from_secs(5),
+        tls_ca_file: None,
     };
     Store::connect(&options, DEFAULT_LIMITS)
         .await
@@ -83,6 +84,7 @@ pub async fn test_store_with(limits: Limits) -> TestStore {
         prefix: prefix.clone(),
         connect_timeout: Duration::from_secs(3),
         response_timeout: Duration::from_secs(5),
+        tls_ca_file: None,
     };
     let store = match Store::connect(&options, limits).await {
         Ok(store) => store,

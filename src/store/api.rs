@@ -1,0 +1,503 @@
+//! The typed script API: one method per operation of `lua/`, each building its calls
+//! ([`Scripts::call`]), running them through the executor and decoding the reply.
+//! The script headers define the arguments and replies; this file follows them.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use redis::Value;
+
+use super::error::Rejection;
+use super::exec::Call;
+use super::reply::{optional_time, Reader};
+use super::scripts::Scripts;
+use super::types::{
+    Applied, Batch, JobInfo, JobState, Lease, Op, PutOutcome, PutRequest, PutStatus, Requeued,
+    ReservedJob, TopicStats, MAX_BATCH,
+};
+use super::{Store, StoreError};
+use crate::job::{Due, JobId, PutMode, Topic};
+
+impl Store {
+    /// Applies commands in order, in one round trip. The outer error means nothing can
+    /// be said about the batch (Redis unreachable): the caller retries all of it, which
+    /// is safe because applying a command twice in order leaves the same state.
+    pub async fn apply(&self, ops: &[Op]) -> Result<Vec<Result<Applied, Rejection>>, StoreError> {
+        if ops.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Register topics before their first put, so a dispatcher that restarts finds
+        // them; SADD of a known member is a no-op. Global calls run first.
+        let mut new_topics: Vec<&str> = Vec::new();
+        for op in ops {
+            if let Op::Put(put) = op {
+                if !new_topics.contains(&put.topic.as_str()) {
+                    new_topics.push(put.topic.as_str());
+                }
+            }
+        }
+        let mut calls: Vec<Call> = ops.iter().map(|op| self.op_call(op)).collect();
+        if !new_topics.is_empty() {
+            let mut sadd = redis::cmd("SADD");
+            sadd.arg(self.keys.topics()).arg(&new_topics);
+            calls.push(Call::global(sadd));
+        }
+        let mut replies = self.exec.run(&calls).await?;
+        if replies.len() > ops.len() {
+            if let Some(Err(err)) = replies.pop() {
+                match StoreError::from(err) {
+                    err @ StoreError::Unavailable(_) => return Err(err),
+                    err => tracing::error!(error = %err, "cannot register topics"),
+                }
+            }
+        }
+        ops.iter()
+            .zip(replies)
+            .map(|(op, reply)| match reply {
+                Ok(value) => Ok(Ok(decode_applied(op, value)?)),
+                Err(err) => match StoreError::from(err) {
+                    StoreError::Rejected(rejection) => Ok(Err(rejection)),
+                    other => Err(other),
+                },
+            })
+            .collect()
+    }
+
+    fn op_call(&self, op: &Op) -> Call {
+        let scripts = self.exec.scripts();
+        match op {
+            Op::Put(put) => {
+                let (kind, when) = match put.due {
+                    Due::Delay(ms) => ("delay", ms),
+                    Due::At(ms) => ("at", ms),
+                };
+                let mode = match put.mode {
+                    PutMode::Keep => "nx",
+                    PutMode::Replace => "replace",
+                };
+                Scripts::call(&scripts.put, &put.topic, &self.keys.topic(&put.topic))
+                    .arg(put.id.as_str())
+                    .arg(&put.body[..])
+                    .arg(&put.meta[..])
+                    .arg(mode)
+                    .arg(kind)
+                    .arg(when)
+                    .arg(self.limits.max_delay_ms)
+                    .arg(self.limits.max_body_bytes)
+                    .arg(self.keys.notify_channel())
+            }
+            Op::Delete { topic, id } => {
+                Scripts::call(&scripts.delete, topic, &self.keys.topic(topic)).arg(id.as_str())
+            }
+        }
+    }
+
+    /// Schedules one job. See `lua/put.lua`.
+    pub async fn put(&self, request: PutRequest) -> Result<PutOutcome, StoreError> {
+        match self.apply_one(Op::Put(request)).await? {
+            Applied::Put(outcome) => Ok(outcome),
+            Applied::Delete { .. } => Err(StoreError::bad_reply("put", "delete reply")),
+        }
+    }
+
+    /// Cancels one job wherever it is; `true` if there was one.
+    pub async fn delete(&self, topic: &Topic, id: &JobId) -> Result<bool, StoreError> {
+        let op = Op::Delete {
+            topic: topic.clone(),
+            id: id.clone(),
+        };
+        match self.apply_one(op).await? {
+            Applied::Delete { removed } => Ok(removed),
+            Applied::Put(_) => Err(StoreError::bad_reply("delete", "put reply")),
+        }
+    }
+
+    async fn apply_one(&self, op: Op) -> Result<Applied, StoreError> {
+        let mut results = self.apply(std::slice::from_ref(&op)).await?;
+        match results.pop() {
+            Some(result) => Ok(result?),
+            None => Err(StoreError::bad_reply("put", "empty reply")),
+        }
+    }
+
+    fn reserve_call(&self, topic: &Topic, ttr: Duration, limit: usize) -> Call {
+        let ttr_ms = u64::try_from(ttr.as_millis()).unwrap_or(u64::MAX).max(1);
+        Scripts::call(&self.exec.scripts().reserve, topic, &self.keys.topic(topic))
+            .arg(ttr_ms)
+            .arg(limit.clamp(1, MAX_BATCH))
+    }
+
+    /// Takes up to `limit` due jobs under a reservation of `ttr`. See `lua/reserve.lua`.
+    pub async fn reserve(
+        &self,
+        topic: &Topic,
+        ttr: Duration,
+        limit: usize,
+    ) -> Result<Batch, StoreError> {
+        let value = self
+            .exec
+            .run_one(self.reserve_call(topic, ttr, limit))
+            .await?;
+        decode_batch("reserve", value)
+    }
+
+    /// [`Store::reserve`] on many topics in one round trip (concurrently on a cluster):
+    /// with thousands of topics of a few jobs each, one call per topic would make the
+    /// round trip, not Redis, the limit.
+    pub async fn reserve_many(
+        &self,
+        topics: &[Topic],
+        ttr: Duration,
+        limit: usize,
+    ) -> Result<Vec<Batch>, StoreError> {
+        let calls: Vec<Call> = topics
+            .iter()
+            .map(|topic| self.reserve_call(topic, ttr, limit))
+            .collect();
+        let replies = self.exec.run(&calls).await?;
+        let mut batches = Vec::with_capacity(topics.len());
+        let mut skipped = Vec::new();
+        for (topic, reply) in topics.iter().zip(replies) {
+            match per_topic("reserve", topic, reply)? {
+                Some(value) => batches.push(decode_batch("reserve", value)?),
+                None => {
+                    skipped.push(batches.len());
+                    batches.push(Batch {
+                        now: 0,
+                        next_due: None,
+                        jobs: Vec::new(),
+                        corrupt: Vec::new(),
+                    });
+                }
+            }
+        }
+        // A refused topic gets an empty batch (nothing due that can be taken), with the
+        // clock reading of the others so callers may still observe it.
+        if !skipped.is_empty() {
+            let now = match batches.iter().map(|b| b.now).max() {
+                Some(now) if now > 0 => now,
+                _ => self.server_time().await?,
+            };
+            for index in skipped {
+                batches[index].now = now;
+            }
+        }
+        Ok(batches)
+    }
+
+    /// Takes up to `limit` due jobs and deletes them at once. See `lua/pull.lua`.
+    pub async fn pull(&self, topic: &Topic, limit: usize) -> Result<Batch, StoreError> {
+        let call = Scripts::call(&self.exec.scripts().pull, topic, &self.keys.topic(topic))
+            .arg(limit.clamp(1, MAX_BATCH));
+        decode_batch("pull", self.exec.run_one(call).await?)
+    }
+
+    /// Deletes delivered jobs whose reservation is still current; returns how many.
+    /// One round trip for any number of topics. Releasing twice is harmless (the second
+    /// finds nothing), so the executor's rerun after `NOSCRIPT` is safe.
+    pub async fn release(&self, leases: &[Lease]) -> Result<u64, StoreError> {
+        let mut by_topic: BTreeMap<&Topic, Vec<&Lease>> = BTreeMap::new();
+        for lease in leases {
+            by_topic.entry(&lease.topic).or_default().push(lease);
+        }
+        let mut calls = Vec::new();
+        for (topic, leases) in &by_topic {
+            for chunk in leases.chunks(MAX_BATCH) {
+                let mut call =
+                    Scripts::call(&self.exec.scripts().release, topic, &self.keys.topic(topic));
+                for lease in chunk {
+                    call = call.arg(lease.id.as_str()).arg(lease.token);
+                }
+                calls.push(call);
+            }
+        }
+        let mut total = 0;
+        for reply in self.exec.run(&calls).await? {
+            total += redis::from_redis_value::<u64>(reply?).unwrap_or(0);
+        }
+        Ok(total)
+    }
+
+    /// Hands a reserved job back, due again after `delay`; `false` if it was no longer
+    /// ours. See `lua/retry.lua`.
+    pub async fn retry(&self, lease: &Lease, delay: Duration) -> Result<bool, StoreError> {
+        let topic = &lease.topic;
+        let call = Scripts::call(&self.exec.scripts().retry, topic, &self.keys.topic(topic))
+            .arg(lease.id.as_str())
+            .arg(lease.token)
+            .arg(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+        let moved: i64 = redis::from_redis_value(self.exec.run_one(call).await?)
+            .map_err(|e| StoreError::bad_reply("retry", e.to_string()))?;
+        Ok(moved == 1)
+    }
+
+    fn requeue_call(&self, topic: &Topic, limit: usize) -> Call {
+        Scripts::call(&self.exec.scripts().requeue, topic, &self.keys.topic(topic))
+            .arg(limit.clamp(1, MAX_BATCH))
+            .arg(self.keys.notify_channel())
+    }
+
+    /// Makes up to `limit` expired reservations of a topic due again. See `lua/requeue.lua`.
+    pub async fn requeue(&self, topic: &Topic, limit: usize) -> Result<Requeued, StoreError> {
+        decode_requeued(self.exec.run_one(self.requeue_call(topic, limit)).await?)
+    }
+
+    /// [`Store::requeue`] for many topics in one round trip (concurrently on a cluster).
+    pub async fn requeue_many(
+        &self,
+        topics: &[Topic],
+        limit: usize,
+    ) -> Result<Vec<Requeued>, StoreError> {
+        let calls: Vec<Call> = topics
+            .iter()
+            .map(|topic| self.requeue_call(topic, limit))
+            .collect();
+        let replies = self.exec.run(&calls).await?;
+        topics
+            .iter()
+            .zip(replies)
+            .map(|(topic, reply)| match per_topic("requeue", topic, reply)? {
+                Some(value) => decode_requeued(value),
+                // A refused topic requeues nothing (and is logged).
+                None => Ok(Requeued {
+                    count: 0,
+                    next_deadline: None,
+                }),
+            })
+            .collect()
+    }
+
+    /// One job by id, or `None`. See `lua/get.lua`.
+    pub async fn get(&self, topic: &Topic, id: &JobId) -> Result<Option<JobInfo>, StoreError> {
+        let call = Scripts::call(&self.exec.scripts().get, topic, &self.keys.topic(topic))
+            .arg(id.as_str());
+        let value = self.exec.run_one(call).await?;
+        if value == Value::Nil {
+            return Ok(None);
+        }
+        let mut reply = Reader::new("get", value)?;
+        let state = match reply.string("state")?.as_str() {
+            "scheduled" => JobState::Scheduled,
+            "reserved" => JobState::Reserved,
+            "unindexed" => JobState::Unindexed,
+            other => {
+                return Err(StoreError::bad_reply(
+                    "get",
+                    format!("unknown state {other}"),
+                ))
+            }
+        };
+        Ok(Some(JobInfo {
+            state,
+            due_at: reply.int("due_at")?,
+            attempts: u32::try_from(reply.int("attempts")?).unwrap_or(u32::MAX),
+            token: u64::try_from(reply.int("token")?).unwrap_or(0),
+            deadline: optional_time(reply.int("deadline")?),
+            meta: reply.bytes("meta")?,
+            body: reply.bytes("body")?,
+        }))
+    }
+
+    /// A topic's jobs counted by state. See `lua/stats.lua`.
+    pub async fn stats(&self, topic: &Topic) -> Result<TopicStats, StoreError> {
+        let call = Scripts::call(&self.exec.scripts().stats, topic, &self.keys.topic(topic));
+        let mut reply = Reader::new("stats", self.exec.run_one(call).await?)?;
+        let mut count = |what| reply.int(what).map(|n| u64::try_from(n).unwrap_or(0));
+        Ok(TopicStats {
+            now: count("now")? as i64,
+            scheduled: count("scheduled")?,
+            due_now: count("due_now")?,
+            reserved: count("reserved")?,
+            expired: count("expired")?,
+            records: count("records")?,
+        })
+    }
+
+    /// The next scheduled jobs of a topic, earliest first: `(id, due_at)`.
+    pub async fn list(
+        &self,
+        topic: &Topic,
+        limit: usize,
+        offset: usize,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        let call = Scripts::call(&self.exec.scripts().list, topic, &self.keys.topic(topic))
+            .arg(limit.clamp(1, MAX_BATCH))
+            .arg(offset);
+        let mut reply = Reader::new("list", self.exec.run_one(call).await?)?;
+        let mut entries = Vec::with_capacity(reply.remaining() / 2);
+        while reply.remaining() > 0 {
+            entries.push((reply.string("id")?, reply.int("due_at")?));
+        }
+        Ok(entries)
+    }
+
+    /// Due time of each topic's earliest scheduled job, in one round trip.
+    pub async fn next_due_times(&self, topics: &[Topic]) -> Result<Vec<Option<i64>>, StoreError> {
+        let calls: Vec<Call> = topics
+            .iter()
+            .map(|topic| {
+                let [scheduled, ..] = &self.keys.topic(topic).0;
+                let mut cmd = redis::cmd("ZRANGE");
+                cmd.arg(scheduled).arg(0).arg(0).arg("WITHSCORES");
+                Call::on_topic(topic, cmd)
+            })
+            .collect();
+        let mut heads = Vec::with_capacity(topics.len());
+        for (topic, reply) in topics.iter().zip(self.exec.run(&calls).await?) {
+            // A topic whose schedule cannot be read has nothing due that can be taken.
+            let Some(value) = per_topic("next_due_times", topic, reply)? else {
+                heads.push(None);
+                continue;
+            };
+            let head: Vec<(String, f64)> = redis::from_redis_value(value)
+                .map_err(|e| StoreError::bad_reply("next_due_times", e.to_string()))?;
+            heads.push(head.first().map(|(_, score)| *score as i64));
+        }
+        Ok(heads)
+    }
+
+    /// Topics that ever had a job put through this crate (or registered by hand with
+    /// `SADD <prefix>:topics`). Names that are not valid topics are skipped.
+    pub async fn topics(&self) -> Result<Vec<Topic>, StoreError> {
+        let names: Vec<String> = self
+            .exec
+            .query(redis::cmd("SMEMBERS").arg(self.keys.topics()))
+            .await?;
+        let mut topics: Vec<Topic> = names
+            .into_iter()
+            .filter_map(|n| Topic::new(n).ok())
+            .collect();
+        topics.sort();
+        Ok(topics)
+    }
+
+    /// One step of an incremental walk over the known topics (`SSCAN`): the next
+    /// cursor (0 when the walk is complete) and about `count` topics.
+    pub async fn scan_topics(
+        &self,
+        cursor: u64,
+        count: usize,
+    ) -> Result<(u64, Vec<Topic>), StoreError> {
+        let (next, names): (u64, Vec<String>) = self
+            .exec
+            .query(
+                redis::cmd("SSCAN")
+                    .arg(self.keys.topics())
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg(count),
+            )
+            .await?;
+        Ok((
+            next,
+            names
+                .into_iter()
+                .filter_map(|n| Topic::new(n).ok())
+                .collect(),
+        ))
+    }
+
+    /// The Redis server's clock, epoch ms: the one clock every due time refers to.
+    pub async fn server_time(&self) -> Result<i64, StoreError> {
+        let (secs, micros): (i64, i64) = self.exec.query(&redis::cmd("TIME")).await?;
+        Ok(secs * 1000 + micros / 1000)
+    }
+
+    /// `PING`, for readiness checks.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let _: String = self.exec.query(&redis::cmd("PING")).await?;
+        Ok(())
+    }
+}
+
+/// One topic's reply in a multi-topic call: `None` when Redis refused the call for this
+/// topic (damaged data: a key of the wrong type, an unreadable record), which is logged
+/// so an operator runs `redisched check`; the other topics go on. An unavailable Redis
+/// is an error for the whole call.
+fn per_topic(
+    what: &str,
+    topic: &Topic,
+    reply: redis::RedisResult<Value>,
+) -> Result<Option<Value>, StoreError> {
+    match reply {
+        Ok(value) => Ok(Some(value)),
+        Err(err) => match StoreError::from(err) {
+            StoreError::Rejected(rejection) => {
+                tracing::error!(%topic, %rejection, "{what}: Redis refused this topic's call; skipping it (run `redisched check {topic}`)");
+                Ok(None)
+            }
+            other => Err(other),
+        },
+    }
+}
+
+fn decode_applied(op: &Op, value: Value) -> Result<Applied, StoreError> {
+    match op {
+        Op::Put(_) => {
+            let mut reply = Reader::new("put", value)?;
+            let status = match reply.string("status")?.as_str() {
+                "scheduled" => PutStatus::Scheduled,
+                "replaced" => PutStatus::Replaced,
+                "duplicate" => PutStatus::Duplicate,
+                other => {
+                    return Err(StoreError::bad_reply(
+                        "put",
+                        format!("unknown status {other}"),
+                    ))
+                }
+            };
+            let due_at = reply.int("due_at")?;
+            Ok(Applied::Put(PutOutcome { status, due_at }))
+        }
+        Op::Delete { .. } => match value {
+            Value::Int(n) => Ok(Applied::Delete { removed: n == 1 }),
+            other => Err(StoreError::bad_reply("delete", format!("{other:?}"))),
+        },
+    }
+}
+
+fn decode_requeued(value: Value) -> Result<Requeued, StoreError> {
+    let mut reply = Reader::new("requeue", value)?;
+    Ok(Requeued {
+        count: u64::try_from(reply.int("count")?).unwrap_or(0),
+        next_deadline: optional_time(reply.int("next_deadline")?),
+    })
+}
+
+fn decode_batch(script: &'static str, value: Value) -> Result<Batch, StoreError> {
+    let mut reply = Reader::new(script, value)?;
+    let now = reply.int("now")?;
+    let next_due = optional_time(reply.int("next_due")?);
+    let mut jobs = Vec::new();
+    let mut corrupt = Vec::new();
+    for mut job in reply.arrays("jobs")? {
+        // An id that is not UTF-8 can only come from a raw write (put.lua refuses it).
+        // Failing the whole batch would leave every job of it reserved and redelivered
+        // forever, so that one job is reported as corrupt instead.
+        let id = match String::from_utf8(job.bytes("id")?) {
+            Ok(id) => id,
+            Err(err) => {
+                corrupt.push(String::from_utf8_lossy(err.as_bytes()).into_owned());
+                continue;
+            }
+        };
+        jobs.push(ReservedJob {
+            id,
+            due_at: job.int("due_at")?,
+            attempt: u32::try_from(job.int("attempt")?).unwrap_or(u32::MAX),
+            token: u64::try_from(job.int("token")?).unwrap_or(0),
+            meta: job.bytes("meta")?,
+            body: job.bytes("body")?,
+        });
+    }
+    let mut corrupt_ids = reply.array("corrupt")?;
+    while corrupt_ids.remaining() > 0 {
+        corrupt.push(String::from_utf8_lossy(&corrupt_ids.bytes("corrupt id")?).into_owned());
+    }
+    Ok(Batch {
+        now,
+        next_due,
+        jobs,
+        corrupt,
+    })
+}
