@@ -1,11 +1,13 @@
 --[[ redisched put: schedule a job, or replace one by id.
 
-KEYS (all under one hash tag, see lua/README.md):
-  1 scheduled  ZSET  id -> due time (epoch ms)
+KEYS (all under one hash tag, see lua/README.md), 4 or 8:
+  1 scheduled  ZSET  id -> due time (epoch ms); parked jobs at 10^17
   2 reserved   ZSET  id -> reservation deadline (epoch ms)
-  3 jobs       HASH  id -> job record
+  3 jobs       HASH  id -> job record (format 1 or 2, lua/README.md)
   4 seq        STRING reservation token counter (unused here; passed so every script
-                      takes the same four keys)
+                      takes the same keys)
+  5 damaged, 6 paused (unused here), 7 history LIST, 8 failing ZSET: the full list;
+                      with only the first four no history is written
 ARGV:
   1 id            1..256 bytes of UTF-8 text without control characters (the rule of
                   the Rust JobId); anything else is refused, so every client can read
@@ -20,14 +22,24 @@ ARGV:
   8 max_body      bodies longer than this many bytes are refused
   9 channel       Pub/Sub channel told '<due_at>|<topic>' when this job becomes the
                   topic's earliest; '' to stay silent
+  10 spec         optional: the job's schedule spec, 1..256 bytes without control
+                  characters, opaque here (convention: 'every:<ms>' or
+                  'cron:<expr>|<tz>'); '' or absent for a one-shot job. A job with a
+                  spec is a recurring series: release.lua reschedules it
+  11 history_max  optional (8 keys): cap of the topic's history list, default 1000,
+                  0 = write none; a replace is logged as 'replaced'
 Reply: { status, due_at } where status is
   'scheduled'  a new job was stored,
-  'replaced'   mode 'replace' overwrote an existing job (scheduled or reserved),
+  'replaced'   mode 'replace' overwrote an existing job (scheduled, reserved or
+               parked): body, meta, spec, due time; attempts, failures, last error
+               and token reset,
   'duplicate'  mode 'nx' found the id (scheduled or reserved) and changed nothing;
                due_at is then the existing job's due time (its current place in
                `scheduled`, which a retry or requeue may have moved, else the due
-               time in its record).
-Errors: INVALID_ARGUMENT, BODY_TOO_LARGE, DELAY_TOO_LONG, CORRUPT_RECORD.
+               time in its record, also for a parked job).
+Errors: INVALID_ARGUMENT (keys, id, mode, when, limits, spec, history_max),
+BODY_TOO_LARGE, DELAY_TOO_LONG, CORRUPT_RECORD (mode 'nx' on an unreadable record),
+WRONGTYPE (from Redis: a key holds another type).
 Invariant: an id is in `jobs` exactly when it is in exactly one of `scheduled`,
 `reserved`. Replacing a reserved job resets its token, so a late release or retry for
 the old reservation cannot touch the new job.
@@ -35,6 +47,137 @@ the old reservation cannot touch the new job.
 local scheduled, reserved, jobs = KEYS[1], KEYS[2], KEYS[3]
 local id, body, meta, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local when_kind, when = ARGV[5], ARGV[6]
+-- >>> shared: copied verbatim from lua/shared.lua by lua/sync-shared.sh (a test checks it) >>>
+-- Helpers every script carries, so that each file stays one self-contained EVAL script
+-- (see "Redis Functions or EVALSHA" in lua/README.md). Unused ones cost nothing.
+
+-- Parked jobs wait in `scheduled` at this score: above any due time a script accepts
+-- (16 digits at most), so "due up to now" never reaches them.
+local PARKED = 1e17
+local PARKED_S = '100000000000000000'
+local DEFAULT_HISTORY_MAX = 1000
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- The Redis server's clock in epoch ms: the one clock every due time refers to.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- An integer argument of at most 16 characters (optionally negative), else nil.
+local function int_arg(value)
+  if type(value) == 'string' and #value <= 16 and string.match(value, '^%-?%d+$') then
+    return tonumber(value)
+  end
+end
+
+-- The full key list (lua/README.md, "Key schema"): 1 scheduled, 2 reserved, 3 jobs,
+-- 4 seq, 5 damaged, 6 paused, 7 history, 8 failing. Version-1 callers pass the first
+-- four (check.lua: five) and get the version-1 behaviour. Returns true for the full
+-- list, false for the short one, else nil and the error reply to return.
+local function full_keys(name, short)
+  if #KEYS == 8 then
+    return true
+  end
+  if short and #KEYS == short then
+    return false
+  end
+  return nil, redis.error_reply('INVALID_ARGUMENT ' .. name .. ' takes ' ..
+    (short and (short .. ' or ') or '') .. '8 keys, got ' .. #KEYS)
+end
+
+-- A job record of format 1 or 2 as a table, or nil if it is missing or unreadable:
+--   1|<due_at>|<attempts>|<token>|<meta length>|<meta><body>
+--   2|<due_at>|<attempts>|<token>|<failures>|<error_at>|<spec length>|<error length>|<meta length>|<spec><error><meta><body>
+-- The payload is not copied out (bodies may be large): `rec` and `pos` locate
+-- <meta><body>, `mlen` is the meta length; `token` stays a string.
+local function parse(rec)
+  if not rec then
+    return nil
+  end
+  local j = {}
+  local pos
+  if string.byte(rec, 1) == 49 then -- '1'
+    local due, attempts, mlen
+    due, attempts, j.token, mlen, pos = string.match(rec, '^1|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    if not pos then
+      return nil
+    end
+    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
+    j.failures, j.error_at, j.spec, j.err = 0, 0, '', ''
+  else
+    local due, attempts, failures, error_at, slen, elen, mlen
+    due, attempts, j.token, failures, error_at, slen, elen, mlen, pos =
+      string.match(rec, '^2|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    if not pos then
+      return nil
+    end
+    slen, elen = tonumber(slen), tonumber(elen)
+    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
+    j.failures, j.error_at = tonumber(failures), tonumber(error_at)
+    j.spec = string.sub(rec, pos, pos + slen - 1)
+    j.err = string.sub(rec, pos + slen, pos + slen + elen - 1)
+    pos = pos + slen + elen
+  end
+  if pos + j.mlen - 1 > #rec then
+    return nil
+  end
+  j.rec, j.pos = rec, pos
+  return j
+end
+
+local function meta_of(j)
+  return string.sub(j.rec, j.pos, j.pos + j.mlen - 1)
+end
+
+local function body_of(j)
+  return string.sub(j.rec, j.pos + j.mlen)
+end
+
+-- <meta><body>: a new job's, or the stored one.
+local function tail_of(j)
+  return j.tail or string.sub(j.rec, j.pos)
+end
+
+-- The record of `j`: format 1 unless the job has a schedule spec or a failure on record,
+-- so a one-shot job keeps exactly the bytes it had before format 2 existed.
+local function encode(j)
+  if j.spec == '' and j.failures == 0 and j.err == '' then
+    return '1|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.mlen) .. '|' .. tail_of(j)
+  end
+  return '2|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.failures) .. '|' ..
+    fmt(j.error_at) .. '|' .. #j.spec .. '|' .. #j.err .. '|' .. fmt(j.mlen) .. '|' .. j.spec .. j.err .. tail_of(j)
+end
+
+-- `history_max` argument: absent or '' means the default; else an integer 0..10^6.
+-- Returns nil and the error reply to return when it is neither.
+local function history_max_arg(value)
+  if value == nil or value == '' then
+    return DEFAULT_HISTORY_MAX
+  end
+  local n = int_arg(value)
+  if not n or n < 0 or n > 1000000 then
+    return nil, redis.error_reply('INVALID_ARGUMENT history_max must be an integer 0..1000000, got ' .. value)
+  end
+  return n
+end
+
+-- One history entry: '<at>|<outcome>|<attempts>|<due_at>|<id length>|<id><detail>'.
+local function history_entry(at, outcome, attempts, due, id, detail)
+  return fmt(at) .. '|' .. outcome .. '|' .. fmt(attempts) .. '|' .. fmt(due) .. '|' .. #id .. '|' .. id .. (detail or '')
+end
+
+-- Appends entries (oldest first) to the topic's capped history list, newest at the head.
+local function history_push(key, max, entries)
+  if key and max > 0 and #entries > 0 then
+    redis.call('LPUSH', key, unpack(entries))
+    redis.call('LTRIM', key, 0, max - 1)
+  end
+end
+-- <<< shared <<<
 
 -- True for 1..256 bytes of UTF-8 without control characters (C0, DEL, C1), the same
 -- rule as JobId in src/job.rs. ASCII ids (the common case) take the fast path.
@@ -76,17 +219,12 @@ local function valid_id(s)
   return true
 end
 
-local function int_arg(value)
-  if type(value) == 'string' and #value <= 16 and string.match(value, '^%-?%d+$') then
-    return tonumber(value)
-  end
+local full, bad_keys = full_keys('put', 4)
+if bad_keys then
+  return bad_keys
 end
-
-if #KEYS ~= 4 then
-  return redis.error_reply('INVALID_ARGUMENT put takes 4 keys, got ' .. #KEYS)
-end
-if #ARGV < 8 then
-  return redis.error_reply('INVALID_ARGUMENT put takes 8 or 9 arguments, got ' .. #ARGV)
+if #ARGV < 8 or #ARGV > 11 then
+  return redis.error_reply('INVALID_ARGUMENT put takes 8 to 11 arguments, got ' .. #ARGV)
 end
 if not valid_id(id) then
   return redis.error_reply('INVALID_ARGUMENT id must be 1..256 bytes of UTF-8 without control characters')
@@ -101,12 +239,19 @@ local when_ms, max_delay, max_body = int_arg(when), int_arg(ARGV[7]), int_arg(AR
 if not (when_ms and max_delay and max_body) then
   return redis.error_reply('INVALID_ARGUMENT when, max_delay_ms and max_body must be integers')
 end
+local spec = ARGV[10] or ''
+if #spec > 256 or string.find(spec, '%c') then
+  return redis.error_reply('INVALID_ARGUMENT spec must be at most 256 bytes without control characters')
+end
+local history_max, bad_history = history_max_arg(ARGV[11])
+if bad_history then
+  return bad_history
+end
 if #body > max_body then
   return redis.error_reply('BODY_TOO_LARGE body is ' .. #body .. ' bytes, the limit is ' .. max_body)
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local due
 if when_kind == 'delay' then
   due = now + math.max(when_ms, 0)
@@ -121,19 +266,29 @@ end
 local existing = redis.call('HGET', jobs, id)
 if existing then
   if mode == 'nx' then
-    local old_due = string.match(existing, '^1|(%d+)|')
-    if not old_due then
+    local old = parse(existing)
+    if not old then
       return redis.error_reply('CORRUPT_RECORD job ' .. id .. ' has an unreadable record')
     end
-    local current = redis.call('ZSCORE', scheduled, id)
-    return { 'duplicate', tonumber(current or old_due) }
+    local current = tonumber(redis.call('ZSCORE', scheduled, id))
+    if not current or current >= PARKED then
+      current = old.due
+    end
+    return { 'duplicate', current }
   end
   redis.call('ZREM', reserved, id)
+  if full then
+    redis.call('ZREM', KEYS[8], id)
+    -- A damaged record is replaced all the same (that is how to repair one).
+    local old = parse(existing) or { attempts = 0 }
+    history_push(KEYS[7], history_max, { history_entry(now, 'replaced', old.attempts, due, id) })
+  end
 end
 
--- Record: '1|<due_at>|<attempts>|<token>|<meta length>|' .. meta .. body
-local due_s = string.format('%d', due)
-redis.call('HSET', jobs, id, '1|' .. due_s .. '|0|0|' .. #meta .. '|' .. meta .. body)
+-- A one-shot job gets a format-1 record, byte for byte as before format 2 existed.
+local due_s = fmt(due)
+redis.call('HSET', jobs, id, encode({ due = due, attempts = 0, token = '0', failures = 0, error_at = 0,
+  spec = spec, err = '', mlen = #meta, tail = meta .. body }))
 redis.call('ZADD', scheduled, due_s, id)
 
 local channel = ARGV[9]

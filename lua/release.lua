@@ -1,28 +1,234 @@
---[[ redisched release: a reserved job was delivered; delete it, if it is still ours.
+--[[ redisched release: reserved jobs were delivered; for each one still ours, delete it
+(one-shot) or schedule its next occurrence (recurring), in one atomic step.
 
-KEYS: 1 scheduled ZSET, 2 reserved ZSET, 3 jobs HASH, 4 seq STRING (see put.lua)
-ARGV: id1, token1 [, id2, token2 ...]  up to 1000 pairs, from reserve.lua replies
-Reply: the number of jobs deleted.
-Invariant: only a job that is reserved *and* carries the given token is deleted. A late
+KEYS: 1 scheduled ZSET, 2 reserved ZSET, 3 jobs HASH, 4 seq STRING, and optionally
+  5 damaged, 6 paused, 7 history LIST, 8 failing ZSET (the full list, see put.lua)
+ARGV: id1, lease1 [, id2, lease2 ...] [, history_max]
+  1..1000 pairs from reserve.lua replies. `lease` is the reservation's token, or for a
+  recurring job `<token>@<next_due>`: next_due is the epoch ms of the series' next
+  occurrence, computed by the caller from the job's spec (the first occurrence strictly
+  after the server's now, see lua/README.md "Recurring series"); `<token>@-1` ends the
+  series (the job is deleted). A next_due for a one-shot job is ignored.
+  An odd number of arguments: the last one is history_max (8 keys; cap of the topic's
+  history list, default 1000, 0 = none); each release is logged as 'dispatched'.
+Reply: the number of jobs released (deleted or rescheduled).
+Errors: INVALID_ARGUMENT (keys; count; a lease that is not `<token>` or
+  `<token>@<integer>`; a recurring job, still ours, released without next_due or with
+  a next_due not later than the released occurrence's due_at: then nothing at all
+  changes), WRONGTYPE (from Redis).
+Invariant: only a job that is reserved *and* carries the given token is touched. A late
 release, after the reservation expired and the job was requeued (and maybe reserved
-again under a new token), or after the job was replaced or deleted by id, deletes
-nothing.
+again under a new token), or after the job was replaced or deleted by id, changes
+nothing. A recurring job leaves `reserved` for `scheduled` at next_due with attempts,
+failures and last error reset, in the same step: a crash never loses or doubles it.
 ]]
-local reserved, jobs = KEYS[2], KEYS[3]
-if #KEYS ~= 4 then
-  return redis.error_reply('INVALID_ARGUMENT release takes 4 keys, got ' .. #KEYS)
+local scheduled, reserved, jobs = KEYS[1], KEYS[2], KEYS[3]
+-- >>> shared: copied verbatim from lua/shared.lua by lua/sync-shared.sh (a test checks it) >>>
+-- Helpers every script carries, so that each file stays one self-contained EVAL script
+-- (see "Redis Functions or EVALSHA" in lua/README.md). Unused ones cost nothing.
+
+-- Parked jobs wait in `scheduled` at this score: above any due time a script accepts
+-- (16 digits at most), so "due up to now" never reaches them.
+local PARKED = 1e17
+local PARKED_S = '100000000000000000'
+local DEFAULT_HISTORY_MAX = 1000
+
+local function fmt(n)
+  return string.format('%d', n)
 end
-if #ARGV == 0 or #ARGV % 2 ~= 0 or #ARGV > 2000 then
-  return redis.error_reply('INVALID_ARGUMENT release takes 1..1000 id, token pairs')
+
+-- The Redis server's clock in epoch ms: the one clock every due time refers to.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local released = 0
-for i = 1, #ARGV, 2 do
-  local id, token = ARGV[i], ARGV[i + 1]
-  local rec = redis.call('HGET', jobs, id)
-  if rec and string.match(rec, '^1|%d+|%d+|(%d+)|') == token and redis.call('ZSCORE', reserved, id) then
-    redis.call('HDEL', jobs, id)
-    redis.call('ZREM', reserved, id)
-    released = released + 1
+
+-- An integer argument of at most 16 characters (optionally negative), else nil.
+local function int_arg(value)
+  if type(value) == 'string' and #value <= 16 and string.match(value, '^%-?%d+$') then
+    return tonumber(value)
   end
 end
-return released
+
+-- The full key list (lua/README.md, "Key schema"): 1 scheduled, 2 reserved, 3 jobs,
+-- 4 seq, 5 damaged, 6 paused, 7 history, 8 failing. Version-1 callers pass the first
+-- four (check.lua: five) and get the version-1 behaviour. Returns true for the full
+-- list, false for the short one, else nil and the error reply to return.
+local function full_keys(name, short)
+  if #KEYS == 8 then
+    return true
+  end
+  if short and #KEYS == short then
+    return false
+  end
+  return nil, redis.error_reply('INVALID_ARGUMENT ' .. name .. ' takes ' ..
+    (short and (short .. ' or ') or '') .. '8 keys, got ' .. #KEYS)
+end
+
+-- A job record of format 1 or 2 as a table, or nil if it is missing or unreadable:
+--   1|<due_at>|<attempts>|<token>|<meta length>|<meta><body>
+--   2|<due_at>|<attempts>|<token>|<failures>|<error_at>|<spec length>|<error length>|<meta length>|<spec><error><meta><body>
+-- The payload is not copied out (bodies may be large): `rec` and `pos` locate
+-- <meta><body>, `mlen` is the meta length; `token` stays a string.
+local function parse(rec)
+  if not rec then
+    return nil
+  end
+  local j = {}
+  local pos
+  if string.byte(rec, 1) == 49 then -- '1'
+    local due, attempts, mlen
+    due, attempts, j.token, mlen, pos = string.match(rec, '^1|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    if not pos then
+      return nil
+    end
+    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
+    j.failures, j.error_at, j.spec, j.err = 0, 0, '', ''
+  else
+    local due, attempts, failures, error_at, slen, elen, mlen
+    due, attempts, j.token, failures, error_at, slen, elen, mlen, pos =
+      string.match(rec, '^2|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    if not pos then
+      return nil
+    end
+    slen, elen = tonumber(slen), tonumber(elen)
+    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
+    j.failures, j.error_at = tonumber(failures), tonumber(error_at)
+    j.spec = string.sub(rec, pos, pos + slen - 1)
+    j.err = string.sub(rec, pos + slen, pos + slen + elen - 1)
+    pos = pos + slen + elen
+  end
+  if pos + j.mlen - 1 > #rec then
+    return nil
+  end
+  j.rec, j.pos = rec, pos
+  return j
+end
+
+local function meta_of(j)
+  return string.sub(j.rec, j.pos, j.pos + j.mlen - 1)
+end
+
+local function body_of(j)
+  return string.sub(j.rec, j.pos + j.mlen)
+end
+
+-- <meta><body>: a new job's, or the stored one.
+local function tail_of(j)
+  return j.tail or string.sub(j.rec, j.pos)
+end
+
+-- The record of `j`: format 1 unless the job has a schedule spec or a failure on record,
+-- so a one-shot job keeps exactly the bytes it had before format 2 existed.
+local function encode(j)
+  if j.spec == '' and j.failures == 0 and j.err == '' then
+    return '1|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.mlen) .. '|' .. tail_of(j)
+  end
+  return '2|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.failures) .. '|' ..
+    fmt(j.error_at) .. '|' .. #j.spec .. '|' .. #j.err .. '|' .. fmt(j.mlen) .. '|' .. j.spec .. j.err .. tail_of(j)
+end
+
+-- `history_max` argument: absent or '' means the default; else an integer 0..10^6.
+-- Returns nil and the error reply to return when it is neither.
+local function history_max_arg(value)
+  if value == nil or value == '' then
+    return DEFAULT_HISTORY_MAX
+  end
+  local n = int_arg(value)
+  if not n or n < 0 or n > 1000000 then
+    return nil, redis.error_reply('INVALID_ARGUMENT history_max must be an integer 0..1000000, got ' .. value)
+  end
+  return n
+end
+
+-- One history entry: '<at>|<outcome>|<attempts>|<due_at>|<id length>|<id><detail>'.
+local function history_entry(at, outcome, attempts, due, id, detail)
+  return fmt(at) .. '|' .. outcome .. '|' .. fmt(attempts) .. '|' .. fmt(due) .. '|' .. #id .. '|' .. id .. (detail or '')
+end
+
+-- Appends entries (oldest first) to the topic's capped history list, newest at the head.
+local function history_push(key, max, entries)
+  if key and max > 0 and #entries > 0 then
+    redis.call('LPUSH', key, unpack(entries))
+    redis.call('LTRIM', key, 0, max - 1)
+  end
+end
+-- <<< shared <<<
+local full, bad_keys = full_keys('release', 4)
+if bad_keys then
+  return bad_keys
+end
+local pairs_end, history_max, bad_history = #ARGV, DEFAULT_HISTORY_MAX, nil
+if #ARGV % 2 == 1 then
+  pairs_end = #ARGV - 1
+  history_max, bad_history = history_max_arg(ARGV[#ARGV])
+  if bad_history then
+    return bad_history
+  end
+end
+if not full then
+  history_max = 0
+end
+if pairs_end == 0 or pairs_end > 2000 then
+  return redis.error_reply('INVALID_ARGUMENT release takes 1..1000 id, token pairs (and an optional history_max)')
+end
+
+-- Pass 1 reads and validates everything, so a refusal changes nothing.
+local plan, seen = {}, {}
+for i = 1, pairs_end, 2 do
+  local id, lease = ARGV[i], ARGV[i + 1]
+  local token, next_s = string.match(lease, '^(%d+)@(%-?%d+)$')
+  if not token then
+    token = string.match(lease, '^(%d+)$')
+  end
+  if not token or (next_s and #next_s > 16) then
+    return redis.error_reply('INVALID_ARGUMENT lease must be <token> or <token>@<next_due>, got ' .. lease)
+  end
+  local next_due = next_s and tonumber(next_s)
+  if next_due and next_due < -1 then
+    return redis.error_reply('INVALID_ARGUMENT next_due must be -1 (end the series) or epoch ms, got ' .. next_s)
+  end
+  if not seen[id] then
+    local j = parse(redis.call('HGET', jobs, id))
+    if j and j.token == token and redis.call('ZSCORE', reserved, id) then
+      seen[id] = true
+      if j.spec ~= '' and next_due ~= -1 then
+        if not next_due then
+          return redis.error_reply('INVALID_ARGUMENT job ' .. id .. ' is recurring: release it with <token>@<next_due>')
+        end
+        if next_due <= j.due then
+          return redis.error_reply('INVALID_ARGUMENT next_due ' .. next_s .. ' of job ' .. id ..
+            ' is not later than its occurrence due at ' .. fmt(j.due))
+        end
+        j.next = next_due
+      end
+      plan[#plan + 1] = { id, j }
+    end
+  end
+end
+
+local now = history_max > 0 and now_ms() or 0
+local log = {}
+for _, step in ipairs(plan) do
+  local id, j = step[1], step[2]
+  redis.call('ZREM', reserved, id)
+  if full and j.error_at > 0 then
+    redis.call('ZREM', KEYS[8], id)
+  end
+  local detail = ''
+  if j.next then
+    detail = fmt(j.next)
+    local occurrence, attempts = j.due, j.attempts
+    j.due, j.attempts, j.failures, j.error_at, j.err = j.next, 0, 0, 0, ''
+    redis.call('HSET', jobs, id, encode(j))
+    redis.call('ZADD', scheduled, detail, id)
+    j.due, j.attempts = occurrence, attempts
+  else
+    redis.call('HDEL', jobs, id)
+  end
+  if history_max > 0 then
+    log[#log + 1] = history_entry(now, 'dispatched', j.attempts, j.due, id, detail)
+  end
+end
+history_push(KEYS[7], history_max, log)
+return #plan

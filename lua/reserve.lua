@@ -1,62 +1,207 @@
 --[[ redisched reserve: take up to `limit` due jobs for delivery, under a time-to-run.
 
-KEYS: 1 scheduled ZSET, 2 reserved ZSET, 3 jobs HASH, 4 seq STRING (see put.lua)
+KEYS: 1 scheduled ZSET, 2 reserved ZSET, 3 jobs HASH, 4 seq STRING, and optionally
+  5 damaged, 6 paused STRING, 7 history, 8 failing (the full list, see put.lua). With
+  the full list a paused topic gives nothing (see pause.lua); with four keys the pause
+  is not seen (version-1 callers).
 ARGV:
   1 ttr_ms  integer 1..10^12; the reservation lasts this long; after it, requeue.lua makes the job due again
   2 limit   1..1000 jobs at most
-  3 max     optional epoch ms: take only jobs due at or before min(max, now)
-Reply: { now, next_due, jobs, corrupt }
+  3 max     optional epoch ms (integer, '' for none): take only jobs due at or before
+            min(max, now), e.g. to stop at a time the caller planned for
+Reply: { now, next_due, jobs, corrupt, paused }
   now       the server's clock, epoch ms
-  next_due  due time of the earliest job still scheduled, or -1 when none is left
-  jobs      array of { id, due_at, attempt, token, meta, body }; attempt counts
-            reservations, 1 on the first; token identifies this reservation and must be
-            given back to release.lua or retry.lua
+  next_due  due time of the earliest job still scheduled (parked jobs excluded), or -1
+            when none is left, or when the topic is paused
+  jobs      array of { id, due_at, attempt, token, meta, body, spec }; attempt counts
+            reservations (of this occurrence for a recurring job), 1 on the first;
+            token identifies this reservation and must be given back to release.lua
+            or retry.lua; spec is the job's schedule spec, '' for a one-shot job (the
+            caller computes the next occurrence from it for release.lua)
   corrupt   ids whose record was missing or unreadable: taken off the schedule (their
             record, if any, is kept for `redisched check`) so they cannot block the topic
+  paused    1 if the topic is paused (then jobs is empty), else 0
+Errors: INVALID_ARGUMENT (keys, ttr_ms, limit, max), WRONGTYPE (from Redis).
 Invariant: each job moves from `scheduled` to `reserved` atomically; a job is never
-taken before its due time by the server's clock; tokens are unique per topic.
+taken before its due time by the server's clock; tokens are unique per topic; parked
+jobs (score 10^17) and paused topics are never taken.
 ]]
 local scheduled, reserved, jobs, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ttr, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
-if #KEYS ~= 4 then
-  return redis.error_reply('INVALID_ARGUMENT reserve takes 4 keys, got ' .. #KEYS)
+-- >>> shared: copied verbatim from lua/shared.lua by lua/sync-shared.sh (a test checks it) >>>
+-- Helpers every script carries, so that each file stays one self-contained EVAL script
+-- (see "Redis Functions or EVALSHA" in lua/README.md). Unused ones cost nothing.
+
+-- Parked jobs wait in `scheduled` at this score: above any due time a script accepts
+-- (16 digits at most), so "due up to now" never reaches them.
+local PARKED = 1e17
+local PARKED_S = '100000000000000000'
+local DEFAULT_HISTORY_MAX = 1000
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- The Redis server's clock in epoch ms: the one clock every due time refers to.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- An integer argument of at most 16 characters (optionally negative), else nil.
+local function int_arg(value)
+  if type(value) == 'string' and #value <= 16 and string.match(value, '^%-?%d+$') then
+    return tonumber(value)
+  end
+end
+
+-- The full key list (lua/README.md, "Key schema"): 1 scheduled, 2 reserved, 3 jobs,
+-- 4 seq, 5 damaged, 6 paused, 7 history, 8 failing. Version-1 callers pass the first
+-- four (check.lua: five) and get the version-1 behaviour. Returns true for the full
+-- list, false for the short one, else nil and the error reply to return.
+local function full_keys(name, short)
+  if #KEYS == 8 then
+    return true
+  end
+  if short and #KEYS == short then
+    return false
+  end
+  return nil, redis.error_reply('INVALID_ARGUMENT ' .. name .. ' takes ' ..
+    (short and (short .. ' or ') or '') .. '8 keys, got ' .. #KEYS)
+end
+
+-- A job record of format 1 or 2 as a table, or nil if it is missing or unreadable:
+--   1|<due_at>|<attempts>|<token>|<meta length>|<meta><body>
+--   2|<due_at>|<attempts>|<token>|<failures>|<error_at>|<spec length>|<error length>|<meta length>|<spec><error><meta><body>
+-- The payload is not copied out (bodies may be large): `rec` and `pos` locate
+-- <meta><body>, `mlen` is the meta length; `token` stays a string.
+local function parse(rec)
+  if not rec then
+    return nil
+  end
+  local j = {}
+  local pos
+  if string.byte(rec, 1) == 49 then -- '1'
+    local due, attempts, mlen
+    due, attempts, j.token, mlen, pos = string.match(rec, '^1|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    if not pos then
+      return nil
+    end
+    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
+    j.failures, j.error_at, j.spec, j.err = 0, 0, '', ''
+  else
+    local due, attempts, failures, error_at, slen, elen, mlen
+    due, attempts, j.token, failures, error_at, slen, elen, mlen, pos =
+      string.match(rec, '^2|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    if not pos then
+      return nil
+    end
+    slen, elen = tonumber(slen), tonumber(elen)
+    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
+    j.failures, j.error_at = tonumber(failures), tonumber(error_at)
+    j.spec = string.sub(rec, pos, pos + slen - 1)
+    j.err = string.sub(rec, pos + slen, pos + slen + elen - 1)
+    pos = pos + slen + elen
+  end
+  if pos + j.mlen - 1 > #rec then
+    return nil
+  end
+  j.rec, j.pos = rec, pos
+  return j
+end
+
+local function meta_of(j)
+  return string.sub(j.rec, j.pos, j.pos + j.mlen - 1)
+end
+
+local function body_of(j)
+  return string.sub(j.rec, j.pos + j.mlen)
+end
+
+-- <meta><body>: a new job's, or the stored one.
+local function tail_of(j)
+  return j.tail or string.sub(j.rec, j.pos)
+end
+
+-- The record of `j`: format 1 unless the job has a schedule spec or a failure on record,
+-- so a one-shot job keeps exactly the bytes it had before format 2 existed.
+local function encode(j)
+  if j.spec == '' and j.failures == 0 and j.err == '' then
+    return '1|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.mlen) .. '|' .. tail_of(j)
+  end
+  return '2|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.failures) .. '|' ..
+    fmt(j.error_at) .. '|' .. #j.spec .. '|' .. #j.err .. '|' .. fmt(j.mlen) .. '|' .. j.spec .. j.err .. tail_of(j)
+end
+
+-- `history_max` argument: absent or '' means the default; else an integer 0..10^6.
+-- Returns nil and the error reply to return when it is neither.
+local function history_max_arg(value)
+  if value == nil or value == '' then
+    return DEFAULT_HISTORY_MAX
+  end
+  local n = int_arg(value)
+  if not n or n < 0 or n > 1000000 then
+    return nil, redis.error_reply('INVALID_ARGUMENT history_max must be an integer 0..1000000, got ' .. value)
+  end
+  return n
+end
+
+-- One history entry: '<at>|<outcome>|<attempts>|<due_at>|<id length>|<id><detail>'.
+local function history_entry(at, outcome, attempts, due, id, detail)
+  return fmt(at) .. '|' .. outcome .. '|' .. fmt(attempts) .. '|' .. fmt(due) .. '|' .. #id .. '|' .. id .. (detail or '')
+end
+
+-- Appends entries (oldest first) to the topic's capped history list, newest at the head.
+local function history_push(key, max, entries)
+  if key and max > 0 and #entries > 0 then
+    redis.call('LPUSH', key, unpack(entries))
+    redis.call('LTRIM', key, 0, max - 1)
+  end
+end
+-- <<< shared <<<
+local full, bad_keys = full_keys('reserve', 4)
+if bad_keys then
+  return bad_keys
 end
 if not ttr or ttr ~= math.floor(ttr) or ttr < 1 or ttr > 1e12
   or not limit or limit ~= math.floor(limit) or limit < 1 or limit > 1000 then
   return redis.error_reply('INVALID_ARGUMENT ttr_ms must be an integer 1..10^12 and limit 1..1000')
 end
-
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local upto = now
+local max = nil
 if ARGV[3] and #ARGV[3] > 0 then
-  upto = math.min(now, tonumber(ARGV[3]) or now)
+  max = int_arg(ARGV[3])
+  if not max then
+    return redis.error_reply('INVALID_ARGUMENT max must be an integer (epoch ms) or empty, got ' .. ARGV[3])
+  end
 end
 
-local ids = redis.call('ZRANGEBYSCORE', scheduled, '-inf', string.format('%d', upto), 'LIMIT', 0, limit)
+local now = now_ms()
+if full and redis.call('GET', KEYS[6]) then
+  return { now, -1, {}, {}, 1 }
+end
+local upto = now
+if max then
+  upto = math.min(now, max)
+end
+
+local ids = redis.call('ZRANGEBYSCORE', scheduled, '-inf', fmt(upto), 'LIMIT', 0, limit)
 local taken, corrupt = {}, {}
 if #ids > 0 then
   redis.call('ZREM', scheduled, unpack(ids))
   local first = redis.call('INCRBY', seq, #ids) - #ids
-  local deadline = string.format('%d', now + ttr)
+  local deadline = fmt(now + ttr)
   local records, index = {}, {}
   for i, id in ipairs(ids) do
-    local rec = redis.call('HGET', jobs, id)
-    local due, attempt, mlen, pos
-    if rec then
-      due, attempt, mlen, pos = string.match(rec, '^1|(%d+)|(%d+)|%d+|(%d+)|()')
-    end
-    if pos then
-      attempt = tonumber(attempt) + 1
-      local token = first + i
-      mlen = tonumber(mlen)
-      local tail = string.sub(rec, pos)
+    local j = parse(redis.call('HGET', jobs, id))
+    if j then
+      j.attempts = j.attempts + 1
+      j.token = fmt(first + i)
       records[#records + 1] = id
-      records[#records + 1] = string.format('1|%s|%d|%d|%d|', due, attempt, token, mlen) .. tail
+      records[#records + 1] = encode(j)
       index[#index + 1] = deadline
       index[#index + 1] = id
-      taken[#taken + 1] = { id, tonumber(due), attempt, token,
-        string.sub(tail, 1, mlen), string.sub(tail, mlen + 1) }
+      taken[#taken + 1] = { id, j.due, j.attempts, first + i,
+        meta_of(j), body_of(j), j.spec }
     else
       corrupt[#corrupt + 1] = id
     end
@@ -67,9 +212,9 @@ if #ids > 0 then
   end
 end
 
-local head = redis.call('ZRANGE', scheduled, 0, 0, 'WITHSCORES')
+local head = redis.call('ZRANGEBYSCORE', scheduled, '-inf', '(' .. PARKED_S, 'WITHSCORES', 'LIMIT', 0, 1)
 local next_due = -1
 if head[2] then
   next_due = tonumber(head[2])
 end
-return { now, next_due, taken, corrupt }
+return { now, next_due, taken, corrupt, 0 }

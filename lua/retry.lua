@@ -1,31 +1,209 @@
---[[ redisched retry: hand a reserved job back, due again after a delay.
+--[[ redisched retry: hand a reserved job back, due again after a delay; record why it
+failed, and park it once its failed publishes reach max_attempts.
 
 Used when the broker refused a publish (nack, unroutable return): the job stays and is
 tried again later instead of waiting for its time-to-run to expire.
 
-KEYS: 1 scheduled ZSET, 2 reserved ZSET, 3 jobs HASH, 4 seq STRING (see put.lua)
+KEYS: 1 scheduled ZSET, 2 reserved ZSET, 3 jobs HASH, 4 seq STRING, and optionally
+  5 damaged, 6 paused, 7 history LIST, 8 failing ZSET (the full list, see put.lua)
 ARGV:
   1 id
-  2 token     from the reserve.lua reply
-  3 delay_ms  integer 0..10^12, from the server's now
-Reply: 1 if the job was moved back to `scheduled`, 0 if it was no longer ours (released,
-replaced, deleted, or requeued after its reservation expired).
-Invariant: as release.lua, only the holder of the current token can move the job.
+  2 token         from the reserve.lua reply
+  3 delay_ms      integer 0..10^12, from the server's now
+  4 error         optional: short reason of the failure (0..256 bytes, e.g.
+                  'unroutable: NO_ROUTE'). When given (even ''), the failure is recorded
+                  on the job: failures + 1, last_error, last_error_at = server's now,
+                  and (8 keys) the id enters `failing`. Absent: nothing is recorded
+                  (the version-1 behaviour).
+  5 max_attempts  optional integer >= 0, default 0 = retry forever: a job whose
+                  recorded failures reach it is parked instead (kept with body, meta
+                  and last error at score 10^17 in `scheduled`, never reserved until
+                  redrive.lua)
+  6 history_max   optional (8 keys): cap of the topic's history list, default 1000,
+                  0 = none; a parking is logged as 'parked' with the error as detail
+Reply: 1 if the job was moved back to `scheduled`, 2 if it was parked, 0 if it was no
+longer ours (released, replaced, deleted, or requeued after its reservation expired).
+Errors: INVALID_ARGUMENT (keys, id, token, delay_ms, error longer than 256 bytes,
+  max_attempts, history_max), WRONGTYPE (from Redis).
+Invariant: as release.lua, only the holder of the current token can move the job; the
+attempt count is kept and the old token no longer releases it.
 ]]
 local scheduled, reserved, jobs = KEYS[1], KEYS[2], KEYS[3]
 local id, token, delay = ARGV[1], ARGV[2], tonumber(ARGV[3])
-if #KEYS ~= 4 then
-  return redis.error_reply('INVALID_ARGUMENT retry takes 4 keys, got ' .. #KEYS)
+-- >>> shared: copied verbatim from lua/shared.lua by lua/sync-shared.sh (a test checks it) >>>
+-- Helpers every script carries, so that each file stays one self-contained EVAL script
+-- (see "Redis Functions or EVALSHA" in lua/README.md). Unused ones cost nothing.
+
+-- Parked jobs wait in `scheduled` at this score: above any due time a script accepts
+-- (16 digits at most), so "due up to now" never reaches them.
+local PARKED = 1e17
+local PARKED_S = '100000000000000000'
+local DEFAULT_HISTORY_MAX = 1000
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- The Redis server's clock in epoch ms: the one clock every due time refers to.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- An integer argument of at most 16 characters (optionally negative), else nil.
+local function int_arg(value)
+  if type(value) == 'string' and #value <= 16 and string.match(value, '^%-?%d+$') then
+    return tonumber(value)
+  end
+end
+
+-- The full key list (lua/README.md, "Key schema"): 1 scheduled, 2 reserved, 3 jobs,
+-- 4 seq, 5 damaged, 6 paused, 7 history, 8 failing. Version-1 callers pass the first
+-- four (check.lua: five) and get the version-1 behaviour. Returns true for the full
+-- list, false for the short one, else nil and the error reply to return.
+local function full_keys(name, short)
+  if #KEYS == 8 then
+    return true
+  end
+  if short and #KEYS == short then
+    return false
+  end
+  return nil, redis.error_reply('INVALID_ARGUMENT ' .. name .. ' takes ' ..
+    (short and (short .. ' or ') or '') .. '8 keys, got ' .. #KEYS)
+end
+
+-- A job record of format 1 or 2 as a table, or nil if it is missing or unreadable:
+--   1|<due_at>|<attempts>|<token>|<meta length>|<meta><body>
+--   2|<due_at>|<attempts>|<token>|<failures>|<error_at>|<spec length>|<error length>|<meta length>|<spec><error><meta><body>
+-- The payload is not copied out (bodies may be large): `rec` and `pos` locate
+-- <meta><body>, `mlen` is the meta length; `token` stays a string.
+local function parse(rec)
+  if not rec then
+    return nil
+  end
+  local j = {}
+  local pos
+  if string.byte(rec, 1) == 49 then -- '1'
+    local due, attempts, mlen
+    due, attempts, j.token, mlen, pos = string.match(rec, '^1|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    if not pos then
+      return nil
+    end
+    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
+    j.failures, j.error_at, j.spec, j.err = 0, 0, '', ''
+  else
+    local due, attempts, failures, error_at, slen, elen, mlen
+    due, attempts, j.token, failures, error_at, slen, elen, mlen, pos =
+      string.match(rec, '^2|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    if not pos then
+      return nil
+    end
+    slen, elen = tonumber(slen), tonumber(elen)
+    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
+    j.failures, j.error_at = tonumber(failures), tonumber(error_at)
+    j.spec = string.sub(rec, pos, pos + slen - 1)
+    j.err = string.sub(rec, pos + slen, pos + slen + elen - 1)
+    pos = pos + slen + elen
+  end
+  if pos + j.mlen - 1 > #rec then
+    return nil
+  end
+  j.rec, j.pos = rec, pos
+  return j
+end
+
+local function meta_of(j)
+  return string.sub(j.rec, j.pos, j.pos + j.mlen - 1)
+end
+
+local function body_of(j)
+  return string.sub(j.rec, j.pos + j.mlen)
+end
+
+-- <meta><body>: a new job's, or the stored one.
+local function tail_of(j)
+  return j.tail or string.sub(j.rec, j.pos)
+end
+
+-- The record of `j`: format 1 unless the job has a schedule spec or a failure on record,
+-- so a one-shot job keeps exactly the bytes it had before format 2 existed.
+local function encode(j)
+  if j.spec == '' and j.failures == 0 and j.err == '' then
+    return '1|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.mlen) .. '|' .. tail_of(j)
+  end
+  return '2|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.failures) .. '|' ..
+    fmt(j.error_at) .. '|' .. #j.spec .. '|' .. #j.err .. '|' .. fmt(j.mlen) .. '|' .. j.spec .. j.err .. tail_of(j)
+end
+
+-- `history_max` argument: absent or '' means the default; else an integer 0..10^6.
+-- Returns nil and the error reply to return when it is neither.
+local function history_max_arg(value)
+  if value == nil or value == '' then
+    return DEFAULT_HISTORY_MAX
+  end
+  local n = int_arg(value)
+  if not n or n < 0 or n > 1000000 then
+    return nil, redis.error_reply('INVALID_ARGUMENT history_max must be an integer 0..1000000, got ' .. value)
+  end
+  return n
+end
+
+-- One history entry: '<at>|<outcome>|<attempts>|<due_at>|<id length>|<id><detail>'.
+local function history_entry(at, outcome, attempts, due, id, detail)
+  return fmt(at) .. '|' .. outcome .. '|' .. fmt(attempts) .. '|' .. fmt(due) .. '|' .. #id .. '|' .. id .. (detail or '')
+end
+
+-- Appends entries (oldest first) to the topic's capped history list, newest at the head.
+local function history_push(key, max, entries)
+  if key and max > 0 and #entries > 0 then
+    redis.call('LPUSH', key, unpack(entries))
+    redis.call('LTRIM', key, 0, max - 1)
+  end
+end
+-- <<< shared <<<
+local full, bad_keys = full_keys('retry', 4)
+if bad_keys then
+  return bad_keys
 end
 if not id or not token or not delay or delay ~= math.floor(delay) or delay < 0 or delay > 1e12 then
   return redis.error_reply('INVALID_ARGUMENT retry takes id, token, delay_ms (an integer 0..10^12)')
 end
-local rec = redis.call('HGET', jobs, id)
-if not rec or string.match(rec, '^1|%d+|%d+|(%d+)|') ~= token or not redis.call('ZSCORE', reserved, id) then
+local reason = ARGV[4]
+if reason and #reason > 256 then
+  return redis.error_reply('INVALID_ARGUMENT error must be at most 256 bytes, got ' .. #reason)
+end
+local max_attempts = 0
+if ARGV[5] and ARGV[5] ~= '' then
+  max_attempts = int_arg(ARGV[5])
+  if not max_attempts or max_attempts < 0 then
+    return redis.error_reply('INVALID_ARGUMENT max_attempts must be an integer >= 0, got ' .. ARGV[5])
+  end
+end
+local history_max, bad_history = history_max_arg(ARGV[6])
+if bad_history then
+  return bad_history
+end
+if not full then
+  history_max = 0
+end
+
+local j = parse(redis.call('HGET', jobs, id))
+if not j or j.token ~= token or not redis.call('ZSCORE', reserved, id) then
   return 0
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 redis.call('ZREM', reserved, id)
-redis.call('ZADD', scheduled, string.format('%d', now + delay), id)
+if reason then
+  j.failures, j.error_at, j.err = j.failures + 1, now, reason
+  redis.call('HSET', jobs, id, encode(j))
+  if full then
+    redis.call('ZADD', KEYS[8], fmt(now), id)
+  end
+  if max_attempts > 0 and j.failures >= max_attempts then
+    redis.call('ZADD', scheduled, PARKED_S, id)
+    history_push(KEYS[7], history_max, { history_entry(now, 'parked', j.attempts, j.due, id, reason) })
+    return 2
+  end
+end
+redis.call('ZADD', scheduled, fmt(now + delay), id)
 return 1

@@ -1,20 +1,166 @@
 --[[ redisched stats: count a topic's jobs by state.
 
-KEYS: 1 scheduled ZSET, 2 reserved ZSET, 3 jobs HASH, 4 seq STRING (see put.lua)
+KEYS: 1 scheduled ZSET, 2 reserved ZSET, 3 jobs HASH, 4 seq STRING, and optionally
+  5 damaged, 6 paused STRING, 7 history LIST, 8 failing ZSET (the full list, see put.lua)
 ARGV: none
-Reply: { now, scheduled, due_now, reserved, expired, records }
-  scheduled  jobs waiting, due or not
+Reply: { now, scheduled, due_now, reserved, expired, records, parked, paused, failing, history }
+  scheduled  jobs waiting, due or not (parked ones not included)
   due_now    those of them due at the server's now (the backlog)
   reserved   jobs handed to a deliverer and not yet released
   expired    those of them whose time-to-run has passed (requeue.lua will fix them)
-  records    entries in the jobs hash; equals scheduled + reserved when the store is sound
+  records    entries in the jobs hash; equals scheduled + reserved + parked when the
+             store is sound
+  parked     jobs parked after max_attempts failed publishes (redrive.lua)
+  paused     1 if the topic is paused, else 0 (-1: unknown, only four keys given)
+  failing    jobs with a recorded failure (last_error), parked ones included
+             (-1: unknown, only four keys given)
+  history    entries in the topic's history list (-1: unknown, only four keys given)
+Errors: INVALID_ARGUMENT (keys), WRONGTYPE (from Redis).
 ]]
 local scheduled, reserved, jobs = KEYS[1], KEYS[2], KEYS[3]
-if #KEYS ~= 4 then
-  return redis.error_reply('INVALID_ARGUMENT stats takes 4 keys, got ' .. #KEYS)
+-- >>> shared: copied verbatim from lua/shared.lua by lua/sync-shared.sh (a test checks it) >>>
+-- Helpers every script carries, so that each file stays one self-contained EVAL script
+-- (see "Redis Functions or EVALSHA" in lua/README.md). Unused ones cost nothing.
+
+-- Parked jobs wait in `scheduled` at this score: above any due time a script accepts
+-- (16 digits at most), so "due up to now" never reaches them.
+local PARKED = 1e17
+local PARKED_S = '100000000000000000'
+local DEFAULT_HISTORY_MAX = 1000
+
+local function fmt(n)
+  return string.format('%d', n)
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local now_s = string.format('%d', now)
-return { now, redis.call('ZCARD', scheduled), redis.call('ZCOUNT', scheduled, '-inf', now_s),
-  redis.call('ZCARD', reserved), redis.call('ZCOUNT', reserved, '-inf', now_s), redis.call('HLEN', jobs) }
+
+-- The Redis server's clock in epoch ms: the one clock every due time refers to.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- An integer argument of at most 16 characters (optionally negative), else nil.
+local function int_arg(value)
+  if type(value) == 'string' and #value <= 16 and string.match(value, '^%-?%d+$') then
+    return tonumber(value)
+  end
+end
+
+-- The full key list (lua/README.md, "Key schema"): 1 scheduled, 2 reserved, 3 jobs,
+-- 4 seq, 5 damaged, 6 paused, 7 history, 8 failing. Version-1 callers pass the first
+-- four (check.lua: five) and get the version-1 behaviour. Returns true for the full
+-- list, false for the short one, else nil and the error reply to return.
+local function full_keys(name, short)
+  if #KEYS == 8 then
+    return true
+  end
+  if short and #KEYS == short then
+    return false
+  end
+  return nil, redis.error_reply('INVALID_ARGUMENT ' .. name .. ' takes ' ..
+    (short and (short .. ' or ') or '') .. '8 keys, got ' .. #KEYS)
+end
+
+-- A job record of format 1 or 2 as a table, or nil if it is missing or unreadable:
+--   1|<due_at>|<attempts>|<token>|<meta length>|<meta><body>
+--   2|<due_at>|<attempts>|<token>|<failures>|<error_at>|<spec length>|<error length>|<meta length>|<spec><error><meta><body>
+-- The payload is not copied out (bodies may be large): `rec` and `pos` locate
+-- <meta><body>, `mlen` is the meta length; `token` stays a string.
+local function parse(rec)
+  if not rec then
+    return nil
+  end
+  local j = {}
+  local pos
+  if string.byte(rec, 1) == 49 then -- '1'
+    local due, attempts, mlen
+    due, attempts, j.token, mlen, pos = string.match(rec, '^1|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    if not pos then
+      return nil
+    end
+    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
+    j.failures, j.error_at, j.spec, j.err = 0, 0, '', ''
+  else
+    local due, attempts, failures, error_at, slen, elen, mlen
+    due, attempts, j.token, failures, error_at, slen, elen, mlen, pos =
+      string.match(rec, '^2|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    if not pos then
+      return nil
+    end
+    slen, elen = tonumber(slen), tonumber(elen)
+    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
+    j.failures, j.error_at = tonumber(failures), tonumber(error_at)
+    j.spec = string.sub(rec, pos, pos + slen - 1)
+    j.err = string.sub(rec, pos + slen, pos + slen + elen - 1)
+    pos = pos + slen + elen
+  end
+  if pos + j.mlen - 1 > #rec then
+    return nil
+  end
+  j.rec, j.pos = rec, pos
+  return j
+end
+
+local function meta_of(j)
+  return string.sub(j.rec, j.pos, j.pos + j.mlen - 1)
+end
+
+local function body_of(j)
+  return string.sub(j.rec, j.pos + j.mlen)
+end
+
+-- <meta><body>: a new job's, or the stored one.
+local function tail_of(j)
+  return j.tail or string.sub(j.rec, j.pos)
+end
+
+-- The record of `j`: format 1 unless the job has a schedule spec or a failure on record,
+-- so a one-shot job keeps exactly the bytes it had before format 2 existed.
+local function encode(j)
+  if j.spec == '' and j.failures == 0 and j.err == '' then
+    return '1|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.mlen) .. '|' .. tail_of(j)
+  end
+  return '2|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.failures) .. '|' ..
+    fmt(j.error_at) .. '|' .. #j.spec .. '|' .. #j.err .. '|' .. fmt(j.mlen) .. '|' .. j.spec .. j.err .. tail_of(j)
+end
+
+-- `history_max` argument: absent or '' means the default; else an integer 0..10^6.
+-- Returns nil and the error reply to return when it is neither.
+local function history_max_arg(value)
+  if value == nil or value == '' then
+    return DEFAULT_HISTORY_MAX
+  end
+  local n = int_arg(value)
+  if not n or n < 0 or n > 1000000 then
+    return nil, redis.error_reply('INVALID_ARGUMENT history_max must be an integer 0..1000000, got ' .. value)
+  end
+  return n
+end
+
+-- One history entry: '<at>|<outcome>|<attempts>|<due_at>|<id length>|<id><detail>'.
+local function history_entry(at, outcome, attempts, due, id, detail)
+  return fmt(at) .. '|' .. outcome .. '|' .. fmt(attempts) .. '|' .. fmt(due) .. '|' .. #id .. '|' .. id .. (detail or '')
+end
+
+-- Appends entries (oldest first) to the topic's capped history list, newest at the head.
+local function history_push(key, max, entries)
+  if key and max > 0 and #entries > 0 then
+    redis.call('LPUSH', key, unpack(entries))
+    redis.call('LTRIM', key, 0, max - 1)
+  end
+end
+-- <<< shared <<<
+local full, bad_keys = full_keys('stats', 4)
+if bad_keys then
+  return bad_keys
+end
+local now_s = fmt(now_ms())
+local paused, failing, history = -1, -1, -1
+if full then
+  paused = redis.call('GET', KEYS[6]) and 1 or 0
+  failing = redis.call('ZCARD', KEYS[8])
+  history = redis.call('LLEN', KEYS[7])
+end
+return { tonumber(now_s), redis.call('ZCOUNT', scheduled, '-inf', '(' .. PARKED_S),
+  redis.call('ZCOUNT', scheduled, '-inf', now_s), redis.call('ZCARD', reserved),
+  redis.call('ZCOUNT', reserved, '-inf', now_s), redis.call('HLEN', jobs),
+  redis.call('ZCOUNT', scheduled, PARKED_S, '+inf'), paused, failing, history }
