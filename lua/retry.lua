@@ -13,8 +13,8 @@ ARGV:
   4 error         optional: short reason of the failure (0..256 bytes, e.g.
                   'unroutable: NO_ROUTE'). When given (even ''), the failure is recorded
                   on the job: failures + 1, last_error, last_error_at = server's now,
-                  and (8 keys) the id enters `failing`. Absent: nothing is recorded
-                  (the version-1 behaviour).
+                  and the id enters `failing`. Absent: nothing is recorded (the
+                  version-1 behaviour). ARGV 4..6 need the full key list.
   5 max_attempts  optional integer >= 0, default 0 = retry forever: a job whose
                   recorded failures reach it is parked instead (kept with body, meta
                   and last error at score 10^17 in `scheduled`, never reserved until
@@ -23,8 +23,8 @@ ARGV:
                   0 = none; a parking is logged as 'parked' with the error as detail
 Reply: 1 if the job was moved back to `scheduled`, 2 if it was parked, 0 if it was no
 longer ours (released, replaced, deleted, or requeued after its reservation expired).
-Errors: INVALID_ARGUMENT (keys, id, token, delay_ms, error longer than 256 bytes,
-  max_attempts, history_max), WRONGTYPE (from Redis).
+Errors: INVALID_ARGUMENT (keys, or ARGV 4..6 with only four keys; id, token,
+  delay_ms, error longer than 256 bytes, max_attempts, history_max), WRONGTYPE (from Redis).
 Invariant: as release.lua, only the holder of the current token can move the job; the
 attempt count is kept and the old token no longer releases it.
 ]]
@@ -169,6 +169,9 @@ if not id or not token or not delay or delay ~= math.floor(delay) or delay < 0 o
   return redis.error_reply('INVALID_ARGUMENT retry takes id, token, delay_ms (an integer 0..10^12)')
 end
 local reason = ARGV[4]
+if #ARGV > 3 and not full then
+  return redis.error_reply('INVALID_ARGUMENT error, max_attempts and history_max need the full list of 8 keys')
+end
 if reason and #reason > 256 then
   return redis.error_reply('INVALID_ARGUMENT error must be at most 256 bytes, got ' .. #reason)
 end
@@ -196,9 +199,7 @@ redis.call('ZREM', reserved, id)
 if reason then
   j.failures, j.error_at, j.err = j.failures + 1, now, reason
   redis.call('HSET', jobs, id, encode(j))
-  if full then
-    redis.call('ZADD', KEYS[8], fmt(now), id)
-  end
+  redis.call('ZADD', KEYS[8], fmt(now), id)
   if max_attempts > 0 and j.failures >= max_attempts then
     redis.call('ZADD', scheduled, PARKED_S, id)
     history_push(KEYS[7], history_max, { history_entry(now, 'parked', j.attempts, j.due, id, reason) })

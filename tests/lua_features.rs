@@ -124,7 +124,8 @@ impl Topic {
         for arg in args {
             inv.arg(*arg);
         }
-        inv.invoke::<Value>(&mut self.conn).map_err(StoreError::from)
+        inv.invoke::<Value>(&mut self.conn)
+            .map_err(StoreError::from)
     }
 
     /// Runs a script of `lua/` with the full key list.
@@ -515,18 +516,18 @@ fn a_format_2_fixture_is_read_reserved_listed_and_checked() {
     let (_, taken, _) = t.reserve(10);
     assert_eq!(taken.len(), 1);
     assert_eq!(
-        (taken[0].attempt, taken[0].spec.as_str(), taken[0].body.as_str()),
+        (
+            taken[0].attempt,
+            taken[0].spec.as_str(),
+            taken[0].body.as_str()
+        ),
         (2, spec, "the body")
     );
     // The record stays format 2 with everything but attempts and token kept.
     let after = String::from_utf8(t.record("series").unwrap()).unwrap();
     assert_eq!(
         after,
-        rec.replacen(
-            "|1|4|1|",
-            &format!("|2|{}|1|", taken[0].token),
-            1
-        )
+        rec.replacen("|1|4|1|", &format!("|2|{}|1|", taken[0].token), 1)
     );
     t.assert_sound();
 }
@@ -546,10 +547,7 @@ fn a_recurring_release_is_token_fenced_and_reschedules_with_attempts_reset() {
     let (_, first, _) = t.reserve(10);
     assert_eq!(first[0].spec, spec);
     assert_eq!(
-        int(&t.run(
-            "retry",
-            &["s", &first[0].token.to_string(), "0", "nack"]
-        )),
+        int(&t.run("retry", &["s", &first[0].token.to_string(), "0", "nack"])),
         1
     );
     let (_, second, _) = t.reserve(10);
@@ -591,7 +589,11 @@ fn a_recurring_release_is_token_fenced_and_reschedules_with_attempts_reset() {
     assert_eq!(int(&got["failures"]), 0);
     assert_eq!(text(&got["last_error"]), "");
     assert_eq!(text(&got["spec"]), spec);
-    assert_eq!(t.stats()["failing"], 0, "a delivered occurrence is no longer failing");
+    assert_eq!(
+        t.stats()["failing"],
+        0,
+        "a delivered occurrence is no longer failing"
+    );
 
     // The same lease again (a duplicate confirm, a second bridge) does not double it.
     assert_eq!(int(&t.run("release", &["s", &l_next])), 0);
@@ -661,7 +663,10 @@ fn replace_changes_a_series_put_answers_duplicate_and_delete_ends_it() {
     );
     assert_eq!(text(&arr(&reply)[0]), "replaced");
     let got = t.get("s");
-    assert_eq!((text(&got["spec"]), text(&got["body"])), (spec.into(), "v2".into()));
+    assert_eq!(
+        (text(&got["spec"]), text(&got["body"])),
+        (spec.into(), "v2".into())
+    );
     // Replaced by a one-shot job: back to format 1, series over.
     let reply = t.run(
         "put",
@@ -672,7 +677,16 @@ fn replace_changes_a_series_put_answers_duplicate_and_delete_ends_it() {
     t.run(
         "put",
         &[
-            "s", "v4", "", "replace", "delay", "0", "1000000", "100", "", "every:1000",
+            "s",
+            "v4",
+            "",
+            "replace",
+            "delay",
+            "0",
+            "1000000",
+            "100",
+            "",
+            "every:1000",
         ],
     );
     // A reserved occurrence deleted: its late release finds nothing, no next occurrence.
@@ -703,14 +717,26 @@ fn a_replaced_series_is_safe_from_the_old_occurrences_release() {
     t.run(
         "put",
         &[
-            "s", "new", "", "replace", "delay", "60000", "1000000", "100", "", "every:2000",
+            "s",
+            "new",
+            "",
+            "replace",
+            "delay",
+            "60000",
+            "1000000",
+            "100",
+            "",
+            "every:2000",
         ],
     );
     let l = lease(&jobs[0], Some(now + 1_000));
     assert_eq!(int(&t.run("release", &["s", &l])), 0);
     let got = t.get("s");
     assert_eq!(text(&got["body"]), "new");
-    assert!(int(&got["due_at"]) >= now + 60_000, "the new schedule stands");
+    assert!(
+        int(&got["due_at"]) >= now + 60_000,
+        "the new schedule stands"
+    );
 }
 
 // ------------------------------------------------------------- pause / resume
@@ -831,7 +857,11 @@ fn retry_records_the_last_error_and_parks_at_max_attempts() {
     // Never reserved, pulled, requeued or listed as waiting while parked.
     let (next_due, jobs, _) = t.reserve(10);
     assert!(jobs.is_empty());
-    assert_eq!(next_due, t.score("scheduled", "q").unwrap(), "parked jobs are not the head");
+    assert_eq!(
+        next_due,
+        t.score("scheduled", "q").unwrap(),
+        "parked jobs are not the head"
+    );
     let pulled = t.run("pull", &["10"]);
     assert!(arr(&arr(&pulled)[2]).is_empty());
     assert_eq!(int(&arr(&t.run("requeue", &["10", ""]))[0]), 0);
@@ -846,7 +876,12 @@ fn retry_records_the_last_error_and_parks_at_max_attempts() {
     );
     let stats = t.stats();
     assert_eq!(
-        (stats["scheduled"], stats["parked"], stats["records"], stats["failing"]),
+        (
+            stats["scheduled"],
+            stats["parked"],
+            stats["records"],
+            stats["failing"]
+        ),
         (1, 1, 2, 1)
     );
     // A duplicate put sees the parked job's own due time, not the parking score.
@@ -912,7 +947,10 @@ fn redrive_all_moves_parked_jobs_in_bounded_batches() {
     let (_, jobs, _) = t.reserve(10);
     for job in &jobs {
         let token = job.token.to_string();
-        assert_eq!(int(&t.run("retry", &[&job.id, &token, "0", "boom", "1"])), 2);
+        assert_eq!(
+            int(&t.run("retry", &[&job.id, &token, "0", "boom", "1"])),
+            2
+        );
     }
     assert_eq!(t.stats()["parked"], 5);
     // Not parked: not moved.
@@ -947,9 +985,24 @@ fn history_is_capped_filtered_and_off_at_zero() {
         let id = format!("h{}", i % 2);
         let reply = t.run(
             "put",
-            &[&id, "x", "", "replace", "at", &now.to_string(), "1000000", "100", "", "", "4"],
+            &[
+                &id,
+                "x",
+                "",
+                "replace",
+                "at",
+                &now.to_string(),
+                "1000000",
+                "100",
+                "",
+                "",
+                "4",
+            ],
         );
-        assert!(matches!(text(&arr(&reply)[0]).as_str(), "scheduled" | "replaced"));
+        assert!(matches!(
+            text(&arr(&reply)[0]).as_str(),
+            "scheduled" | "replaced"
+        ));
     }
     // 4 replaces happened, capped at 4 by the put's history_max.
     assert_eq!(t.stats()["history"], 4);
@@ -971,7 +1024,10 @@ fn history_is_capped_filtered_and_off_at_zero() {
     let l = lease(&jobs[0], None);
     t.run("release", &["a|b", &l, "10"]);
     let h = t.history(1, "a|b");
-    assert_eq!((h[0].0.as_str(), h[0].1.as_str(), h[0].2), ("dispatched", "a|b", 1));
+    assert_eq!(
+        (h[0].0.as_str(), h[0].1.as_str(), h[0].2),
+        ("dispatched", "a|b", 1)
+    );
     // The four-key calls write no history.
     let keys4 = t.keys4();
     t.run_with(
@@ -1008,7 +1064,10 @@ fn check_knows_parked_jobs_and_repairs_the_failing_index() {
         .iter()
         .map(|(k, id, _)| (k.as_str(), id.as_str()))
         .collect();
-    assert_eq!(kinds, [("failing_unindexed", "a"), ("orphan_failing", "ghost")]);
+    assert_eq!(
+        kinds,
+        [("failing_unindexed", "a"), ("orphan_failing", "ghost")]
+    );
     let repaired = t.check("repair", &all);
     assert!(repaired.iter().all(|p| p.2 == 1), "{repaired:?}");
     t.assert_sound();
@@ -1046,6 +1105,7 @@ fn new_arguments_are_refused_with_invalid_argument_and_write_nothing() {
         ("release", all.clone(), vec!["id", "x1"]),
         ("release", all.clone(), vec!["id", "1", "many"]),
         ("retry", all.clone(), vec!["id", "1", "0", &long]),
+        ("retry", four.clone(), vec!["id", "1", "0", "e"]),
         ("retry", all.clone(), vec!["id", "1", "0", "e", "-1"]),
         ("retry", all.clone(), vec!["id", "1", "0", "e", "two"]),
         ("retry", all.clone(), vec!["id", "1", "0", "e", "1", "x"]),
@@ -1124,30 +1184,54 @@ fn a_bridge_of_the_previous_release_cannot_corrupt_format_2_records() {
         &V1_SCRIPTS,
         "put",
         &keys4,
-        &[b"series", b"x", b"", b"nx", b"delay", b"0", b"1000", b"10", b""],
+        &[
+            b"series", b"x", b"", b"nx", b"delay", b"0", b"1000", b"10", b"",
+        ],
     );
     assert!(matches!(dup, Err(StoreError::Rejected(ref r)) if r.code == RejectCode::CorruptRecord));
     let old_get = t.run_with(&V1_SCRIPTS, "get", &keys4, &[b"series"]);
-    assert!(matches!(old_get, Err(StoreError::Rejected(ref r)) if r.code == RejectCode::CorruptRecord));
+    assert!(
+        matches!(old_get, Err(StoreError::Rejected(ref r)) if r.code == RejectCode::CorruptRecord)
+    );
     assert_eq!(t.record("series").unwrap(), series_before);
 
     // A new `check --repair` puts it back on the schedule at its own due time.
     let all = t.keys();
     let problems = t.check("repair", &all);
     assert_eq!(problems.len(), 1);
-    assert_eq!((problems[0].0.as_str(), problems[0].1.as_str(), problems[0].2), ("unindexed", "series", 1));
+    assert_eq!(
+        (
+            problems[0].0.as_str(),
+            problems[0].1.as_str(),
+            problems[0].2
+        ),
+        ("unindexed", "series", 1)
+    );
     let (_, jobs, _) = t.reserve(10);
-    assert_eq!(jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["series"]);
+    assert_eq!(
+        jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(),
+        ["series"]
+    );
     let series = jobs[0].clone();
 
     // Old release and retry cannot move a format-2 job reserved by a new bridge.
     let token = series.token.to_string();
     let released = t
-        .run_with(&V1_SCRIPTS, "release", &keys4, &[b"series", token.as_bytes()])
+        .run_with(
+            &V1_SCRIPTS,
+            "release",
+            &keys4,
+            &[b"series", token.as_bytes()],
+        )
         .unwrap();
     assert_eq!(int(&released), 0);
     let retried = t
-        .run_with(&V1_SCRIPTS, "retry", &keys4, &[b"series", token.as_bytes(), b"0"])
+        .run_with(
+            &V1_SCRIPTS,
+            "retry",
+            &keys4,
+            &[b"series", token.as_bytes(), b"0"],
+        )
         .unwrap();
     assert_eq!(int(&retried), 0);
     assert!(t.score("reserved", "series").is_some());
@@ -1162,7 +1246,9 @@ fn a_bridge_of_the_previous_release_cannot_corrupt_format_2_records() {
             &V1_SCRIPTS,
             "put",
             &keys4,
-            &[b"legacy", b"l", b"", b"nx", b"delay", b"0", b"1000", b"10", b""],
+            &[
+                b"legacy", b"l", b"", b"nx", b"delay", b"0", b"1000", b"10", b"",
+            ],
         )
         .unwrap();
     assert_eq!(text(&arr(&old_put)[0]), "scheduled");
