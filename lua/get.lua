@@ -19,6 +19,8 @@ Reply: nil if there is no such job, else
   failures       failed publishes recorded by retry.lua (of this occurrence)
   last_error     the last failure's reason, '' if none
   last_error_at  epoch ms of the last failure, -1 if none
+  With four keys the reply has the version-1 shape (the first seven fields) and a
+  parked job shows as 'scheduled' at its parking score 10^17, as version 1 saw it.
 Errors: INVALID_ARGUMENT (keys), CORRUPT_RECORD (unreadable record), WRONGTYPE (from Redis).
 ]]
 local scheduled, reserved, jobs = KEYS[1], KEYS[2], KEYS[3]
@@ -154,7 +156,7 @@ local function history_push(key, max, entries)
   end
 end
 -- <<< shared <<<
-local _, bad_keys = full_keys('get', 4)
+local full, bad_keys = full_keys('get', 4)
 if bad_keys then
   return bad_keys
 end
@@ -176,11 +178,14 @@ if reserved_until then
   state, deadline = 'reserved', tonumber(reserved_until)
 else
   local score = tonumber(redis.call('ZSCORE', scheduled, id))
-  if score and score >= PARKED then
+  if score and score >= PARKED and full then
     state = 'parked'
   elseif score then
     state, due = 'scheduled', score
   end
+end
+if not full then
+  return { state, due, j.attempts, tonumber(j.token), deadline, meta_of(j), body_of(j) }
 end
 local error_at = -1
 if j.error_at > 0 then

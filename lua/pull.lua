@@ -11,8 +11,9 @@ KEYS: 1 scheduled ZSET, 2 reserved ZSET, 3 jobs HASH, 4 seq STRING, and optional
 ARGV:
   1 limit        1..1000 jobs at most
   2 history_max  optional (8 keys): cap of the topic's history list, default 1000, 0 = none
-Reply: { now, next_due, jobs, corrupt, paused } as in reserve.lua; each job's token is
-0 and its attempt is the one this delivery would have been.
+Reply: { now, next_due, jobs, corrupt, paused } as in reserve.lua (with four keys its
+version-1 shape); each job's token is 0 and its attempt is the one this delivery would
+have been.
 Errors: INVALID_ARGUMENT (keys, limit, history_max), WRONGTYPE (from Redis).
 Invariant: a pulled job is gone from all keys in the same step; parked jobs and paused
 topics are never pulled.
@@ -177,8 +178,10 @@ if #ids > 0 then
   for _, id in ipairs(ids) do
     local j = parse(redis.call('HGET', jobs, id))
     if j then
-      taken[#taken + 1] = { id, j.due, j.attempts + 1, 0,
-        meta_of(j), body_of(j), j.spec }
+      taken[#taken + 1] = { id, j.due, j.attempts + 1, 0, meta_of(j), body_of(j) }
+      if full then
+        taken[#taken][7] = j.spec
+      end
       redis.call('HDEL', jobs, id)
       if full and j.error_at > 0 then
         redis.call('ZREM', KEYS[8], id)
@@ -195,5 +198,8 @@ local head = redis.call('ZRANGEBYSCORE', scheduled, '-inf', '(' .. PARKED_S, 'WI
 local next_due = -1
 if head[2] then
   next_due = tonumber(head[2])
+end
+if not full then
+  return { now, next_due, taken, corrupt }
 end
 return { now, next_due, taken, corrupt, 0 }

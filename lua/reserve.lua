@@ -21,6 +21,8 @@ Reply: { now, next_due, jobs, corrupt, paused }
   corrupt   ids whose record was missing or unreadable: taken off the schedule (their
             record, if any, is kept for `redisched check`) so they cannot block the topic
   paused    1 if the topic is paused (then jobs is empty), else 0
+  With four keys the reply has the version-1 shape: { now, next_due, jobs, corrupt },
+  jobs without spec.
 Errors: INVALID_ARGUMENT (keys, ttr_ms, limit, max), WRONGTYPE (from Redis).
 Invariant: each job moves from `scheduled` to `reserved` atomically; a job is never
 taken before its due time by the server's clock; tokens are unique per topic; parked
@@ -200,8 +202,10 @@ if #ids > 0 then
       records[#records + 1] = encode(j)
       index[#index + 1] = deadline
       index[#index + 1] = id
-      taken[#taken + 1] = { id, j.due, j.attempts, first + i,
-        meta_of(j), body_of(j), j.spec }
+      taken[#taken + 1] = { id, j.due, j.attempts, first + i, meta_of(j), body_of(j) }
+      if full then
+        taken[#taken][7] = j.spec
+      end
     else
       corrupt[#corrupt + 1] = id
     end
@@ -216,5 +220,8 @@ local head = redis.call('ZRANGEBYSCORE', scheduled, '-inf', '(' .. PARKED_S, 'WI
 local next_due = -1
 if head[2] then
   next_due = tonumber(head[2])
+end
+if not full then
+  return { now, next_due, taken, corrupt }
 end
 return { now, next_due, taken, corrupt, 0 }

@@ -11,10 +11,11 @@ Reply: { now, scheduled, due_now, reserved, expired, records, parked, paused, fa
   records    entries in the jobs hash; equals scheduled + reserved + parked when the
              store is sound
   parked     jobs parked after max_attempts failed publishes (redrive.lua)
-  paused     1 if the topic is paused, else 0 (-1: unknown, only four keys given)
+  paused     1 if the topic is paused, else 0
   failing    jobs with a recorded failure (last_error), parked ones included
-             (-1: unknown, only four keys given)
-  history    entries in the topic's history list (-1: unknown, only four keys given)
+  history    entries in the topic's history list
+  With four keys the reply has the version-1 shape and meaning: the first six fields,
+  `scheduled` counting parked jobs too (they are members of `scheduled`).
 Errors: INVALID_ARGUMENT (keys), WRONGTYPE (from Redis).
 ]]
 local scheduled, reserved, jobs = KEYS[1], KEYS[2], KEYS[3]
@@ -154,12 +155,13 @@ if bad_keys then
   return bad_keys
 end
 local now_s = fmt(now_ms())
-local paused, failing, history = -1, -1, -1
-if full then
-  paused = redis.call('GET', KEYS[6]) and 1 or 0
-  failing = redis.call('ZCARD', KEYS[8])
-  history = redis.call('LLEN', KEYS[7])
+if not full then
+  return { tonumber(now_s), redis.call('ZCARD', scheduled), redis.call('ZCOUNT', scheduled, '-inf', now_s),
+    redis.call('ZCARD', reserved), redis.call('ZCOUNT', reserved, '-inf', now_s), redis.call('HLEN', jobs) }
 end
+local paused = redis.call('GET', KEYS[6]) and 1 or 0
+local failing = redis.call('ZCARD', KEYS[8])
+local history = redis.call('LLEN', KEYS[7])
 return { tonumber(now_s), redis.call('ZCOUNT', scheduled, '-inf', '(' .. PARKED_S),
   redis.call('ZCOUNT', scheduled, '-inf', now_s), redis.call('ZCARD', reserved),
   redis.call('ZCOUNT', reserved, '-inf', now_s), redis.call('HLEN', jobs),

@@ -1266,3 +1266,47 @@ fn a_bridge_of_the_previous_release_cannot_corrupt_format_2_records() {
     assert!(plain.is_some(), "still reserved by the old bridge");
     t.assert_sound();
 }
+
+#[test]
+fn four_key_calls_keep_the_version_1_reply_shapes() {
+    let mut t = Topic::new("v1.shapes");
+    let keys4 = t.keys4();
+    let now = t.now();
+    t.put("s", "x", now, "every:1000");
+    t.put("p", "x", now, "");
+    let reply = t
+        .run_with(&SCRIPTS, "reserve", &keys4, &[b"60000", b"1"])
+        .unwrap();
+    let reply = arr(&reply);
+    assert_eq!(reply.len(), 4, "{reply:?}");
+    let job = arr(&arr(&reply[2])[0]);
+    assert_eq!(job.len(), 6, "{job:?}");
+    let stats = t.run_with(&SCRIPTS, "stats", &keys4, &[]).unwrap();
+    assert_eq!(arr(&stats).len(), 6);
+    // Park p with the full list; a version-1 get sees it where version 1 would.
+    let (_, jobs, _) = t.reserve(10);
+    let token = jobs[0].token.to_string();
+    assert_eq!(
+        int(&t.run("retry", &[&jobs[0].id, &token, "0", "e", "1"])),
+        2
+    );
+    let parked_id = jobs[0].id.clone();
+    let got = t
+        .run_with(&SCRIPTS, "get", &keys4, &[parked_id.as_bytes()])
+        .unwrap();
+    let got = arr(&got);
+    assert_eq!(got.len(), 7);
+    assert_eq!(
+        (text(&got[0]).as_str(), int(&got[1])),
+        ("scheduled", PARKED)
+    );
+    let stats = t.run_with(&SCRIPTS, "stats", &keys4, &[]).unwrap();
+    let stats: Vec<i64> = arr(&stats).iter().map(int).collect();
+    assert_eq!(
+        stats[5],
+        stats[1] + stats[3],
+        "records = scheduled + reserved"
+    );
+    let pulled = t.run_with(&SCRIPTS, "pull", &keys4, &[b"10"]).unwrap();
+    assert_eq!(arr(&pulled).len(), 4);
+}
