@@ -14,7 +14,7 @@ use rand::Rng;
 use redisched::config::Config;
 use tokio_util::sync::CancellationToken;
 
-use super::super::bridge::{header_i64, message_id, now_ms, text};
+use crate::common::bridge::{header_i64, message_id, now_ms, text};
 
 /// What the broker confirmed: puts that must be delivered, and far-future puts whose
 /// delete was confirmed, which must never be.

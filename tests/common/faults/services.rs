@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
-use super::super::bridge::now_ms;
-use super::super::unique;
+use crate::common::bridge::now_ms;
+use crate::common::unique;
 
 /// Logs of in-process bridges, captured per test (shown for failing tests or with
 /// `--nocapture`). `REDISCHED_TEST_LOG` overrides the filter.
