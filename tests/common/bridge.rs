@@ -3,7 +3,8 @@
 //! producer and a consumer speaking the wire contract with lapin.
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -19,16 +20,10 @@ use super::{amqp_url, delete_prefix, redis_url, unique, HOW_TO_START_RABBITMQ};
 
 /// A configuration whose every name is unique to one test, tuned for quick tests.
 pub fn test_config(label: &str) -> Config {
-    let name = unique(label);
     let mut config = Config::default();
+    redisched_testkit::isolate(&mut config, &unique(label));
     config.redis.url = redis_url();
-    config.redis.prefix = name.clone();
     config.amqp.url = amqp_url();
-    config.amqp.commands_exchange = format!("{name}.commands");
-    config.amqp.commands_queue = format!("{name}.commands");
-    config.amqp.invalid_exchange = format!("{name}.invalid");
-    config.amqp.invalid_queue = format!("{name}.invalid");
-    config.amqp.ready_exchange = format!("{name}.ready");
     config.http.enabled = false;
     config.dispatch.poll_interval_ms = 250;
     config.dispatch.requeue_interval_ms = 250;
@@ -70,46 +65,41 @@ impl InProcess {
     }
 }
 
-/// A `redisched run` child process.
-pub struct ChildBridge {
-    pub child: Child,
-}
+/// A `redisched run` child process of this build (testkit's, started the tests' way).
+pub struct ChildBridge(pub redisched_testkit::ChildBridge);
 
 impl ChildBridge {
+    /// Starts the bridge with `config`, its output discarded.
     pub fn start(config: &Config) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_redisched"))
-            .arg("run")
-            .envs(env_for(config))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
+        Self::start_logging(config, Stdio::null(), Stdio::null())
+    }
+
+    pub fn start_logging(config: &Config, stdout: Stdio, stderr: Stdio) -> Self {
+        let bin = Path::new(env!("CARGO_BIN_EXE_redisched"));
+        let bridge = redisched_testkit::ChildBridge::spawn(bin, config, stdout, stderr)
             .expect("spawn redisched run");
-        Self { child }
+        Self(bridge)
     }
 
-    pub fn kill9(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-9", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-
+    /// SIGTERM and wait for the exit (a minute at most); the status and how long it took.
     pub fn terminate(&mut self) -> (std::process::ExitStatus, Duration) {
-        let started = Instant::now();
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let status = self.child.wait().expect("wait for bridge");
-        (status, started.elapsed())
+        self.0
+            .terminate(Duration::from_secs(60))
+            .expect("signal the bridge")
+            .expect("the bridge did not stop within 60 s of SIGTERM")
     }
 }
 
-impl Drop for ChildBridge {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+impl std::ops::Deref for ChildBridge {
+    type Target = redisched_testkit::ChildBridge;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ChildBridge {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
     }
 }
 

@@ -1,8 +1,8 @@
 //! Shared by the integration tests: real Redis and RabbitMQ, isolated per test by a
-//! unique key prefix and unique exchange/queue names, cleaned up on drop.
+//! unique key prefix and unique exchange/queue names, cleaned up on drop. What the
+//! benchmark needs too lives in the `redisched-testkit` workspace crate.
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redisched::store::{ConnectOptions, Limits, Store};
@@ -20,20 +20,9 @@ pub fn amqp_url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
-/// A name no other test (or earlier run) uses.
+/// A name no other test (or earlier run) uses: `t<label>-<pid>-<time>-<n>`.
 pub fn unique(label: &str) -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!(
-        "t{}-{}-{:x}-{}",
-        label,
-        std::process::id(),
-        nanos & 0xffff_ffff,
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
+    redisched_testkit::unique(&format!("t{label}"))
 }
 
 pub const DEFAULT_LIMITS: Limits = Limits {
@@ -98,19 +87,7 @@ pub async fn test_store_with(limits: Limits) -> TestStore {
 
 /// Deletes every key under `prefix` (used on drop, also after a failed assertion).
 pub fn delete_prefix(prefix: &str) {
-    let Ok(client) = redis::Client::open(redis_url()) else {
-        return;
-    };
-    let Ok(mut conn) = client.get_connection() else {
-        return;
-    };
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:*"))
-        .query(&mut conn)
-        .unwrap_or_default();
-    if !keys.is_empty() {
-        let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&keys).query(&mut conn);
-    }
+    let _ = redisched_testkit::delete_prefix(&redis_url(), prefix);
 }
 
 impl Drop for TestStore {

@@ -2,14 +2,16 @@
 //! measured in the same run (absolute numbers on shared machines drift; ratios less).
 //!
 //! ```text
-//! cargo run --release --bin redisched-bench -- store            # 1,000,000 jobs
-//! cargo run --release --bin redisched-bench -- store --quick    # 20,000 jobs, < 30 s
-//! cargo run --release --bin redisched-bench -- store --scale    # also 10,000,000 waiting
-//! cargo run --release --bin redisched-bench -- all --quick      # every scenario, bridge too
+//! cargo run --release -p redisched-bench -- store            # 1,000,000 jobs
+//! cargo run --release -p redisched-bench -- store --quick    # 20,000 jobs, < 30 s
+//! cargo run --release -p redisched-bench -- store --scale    # also 10,000,000 waiting
+//! cargo run --release -p redisched-bench -- all --quick      # every scenario, bridge too
 //! ```
 //!
-//! The bridge scenarios (dispatch, ingest, precision, cancel, peer, all) live in
-//! `src/bin/bench/`.
+//! (`all` and the bridge scenarios run the `redisched` binary beside this one: build it
+//! too, `cargo build --release -p redisched-bench -p redisched`.) The store bench is
+//! this file; the bridge scenarios (dispatch, ingest, precision, cancel, peer, all) live
+//! in `bridge/`.
 //!
 //! Everything lives under a unique key prefix that is deleted at the end (also after a
 //! failure); the prefix is printed first so an interrupted run can be cleaned by hand.
@@ -27,8 +29,7 @@ use redisched::job::{Due, JobId, PutMode, Topic};
 use redisched::store::{ConnectOptions, Lease, Limits, Op, PutRequest, Store, MAX_BATCH};
 use serde_json::{json, Value};
 
-#[path = "bench/mod.rs"]
-mod bench;
+mod bridge;
 
 #[derive(Parser)]
 #[command(
@@ -46,7 +47,7 @@ enum Command {
     /// each beside the raw Redis ceiling.
     Store(StoreArgs),
     #[command(flatten)]
-    Bridge(bench::BridgeCommand),
+    Bridge(bridge::BridgeCommand),
 }
 
 #[derive(Args, Clone)]
@@ -86,7 +87,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Store(args) => store_bench(args).await,
-        Command::Bridge(command) => bench::run(command, store_for_all).await,
+        Command::Bridge(command) => bridge::run(command, store_for_all).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -301,22 +302,6 @@ impl Bench {
             .await?;
         Ok(bytes.unwrap_or(0))
     }
-
-    async fn unlink_prefix(&self, prefix: &str) -> Result<u64> {
-        let mut conn = self.conn.clone();
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{prefix}:*"))
-            .query_async(&mut conn)
-            .await?;
-        if keys.is_empty() {
-            return Ok(0);
-        }
-        let n: u64 = redis::cmd("UNLINK")
-            .arg(&keys)
-            .query_async(&mut conn)
-            .await?;
-        Ok(n)
-    }
 }
 
 /// The raw ceiling of one script call: `redis-benchmark -q -n 200000 -P 50 EVAL "return 1" 0`.
@@ -415,15 +400,7 @@ async fn store_bench(mut args: StoreArgs) -> Result<()> {
         bail!("--jobs must be > 0");
     }
     let url = url::Url::parse(&args.redis_url).context("--redis-url")?;
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let prefix = format!(
-        "redisched-bench-{}-{:x}",
-        std::process::id(),
-        nanos & 0xffff_ffff
-    );
+    let prefix = redisched_testkit::unique("redisched-bench");
     eprintln!(
         "redisched-bench store: {} jobs, prefix {prefix} (deleted at the end)",
         args.jobs
@@ -460,7 +437,7 @@ async fn store_bench(mut args: StoreArgs) -> Result<()> {
 
     let result = run(&bench, &args, &url, &prefix).await;
     eprintln!("cleaning up {prefix}:*");
-    let cleanup = bench.unlink_prefix(&prefix).await;
+    let cleanup = bridge::common::delete_prefix(&args.redis_url, &prefix).await;
     let report = result?;
     cleanup.context("cleaning up")?;
 

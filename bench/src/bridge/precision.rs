@@ -9,10 +9,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 
-use super::common::{self, Bridge, Cleanup, Env, Lateness, Rng, Ticker};
+use super::common::{self, Bridge, Cleanup, Env, Lateness, Ticker};
 
 pub struct Params {
     pub rates: Vec<u64>,
@@ -62,7 +64,8 @@ async fn measure(
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
     let body = common::body(params.body_bytes);
-    let mut rng = Rng::new(0x5eed);
+    // Seeded: every run draws the same delays.
+    let mut rng = StdRng::seed_from_u64(0x5eed);
     let mut results = Vec::new();
     for &rate in &params.rates {
         let total = (rate as f64 * params.seconds).round() as u64;
@@ -91,7 +94,7 @@ async fn measure(
             behind_max = behind_max.max(should.saturating_sub(sent));
             while sent < should {
                 let permit = window.clone().acquire_owned().await?;
-                let delay = rng.below(params.max_delay_ms) as i64;
+                let delay = rng.random_range(0..=params.max_delay_ms) as i64;
                 let id = format!("r{rate}-{sent:010}");
                 let props = common::command_props(
                     &id,
@@ -201,13 +204,14 @@ async fn timer_floor(
     sink: &mut common::Sink,
     rate: u64,
     params: &Params,
-    rng: &mut Rng,
+    rng: &mut StdRng,
 ) -> Result<Lateness> {
     let total = (rate as f64 * params.seconds).round() as u64;
     // Due offsets from the start in µs: submitted at i/rate s, plus a random delay.
     let mut due: Vec<i64> = (0..total)
         .map(|i| {
-            (i as f64 * 1e6 / rate as f64) as i64 + rng.below(params.max_delay_ms) as i64 * 1000
+            (i as f64 * 1e6 / rate as f64) as i64
+                + rng.random_range(0..=params.max_delay_ms) as i64 * 1000
         })
         .collect();
     due.sort_unstable();

@@ -3,7 +3,7 @@
 //! writes one table, one JSON file and one SVG chart.
 //!
 //! ```text
-//! cargo build --release --bin redisched-bench --bin redisched
+//! cargo build --release -p redisched-bench -p redisched
 //! target/release/redisched-bench all            # the full run (about 10 minutes)
 //! target/release/redisched-bench all --quick    # CI: under about a minute
 //! target/release/redisched-bench dispatch --jobs 50000
@@ -15,7 +15,7 @@
 
 mod cancel;
 mod chart;
-mod common;
+pub(crate) mod common;
 mod dispatch;
 mod ingest;
 mod peer;

@@ -21,7 +21,7 @@ pub fn dir() -> PathBuf {
     if here.join("bullmq.mjs").exists() {
         return here.to_path_buf();
     }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/peer")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("peer")
 }
 
 /// Runs the script and returns its JSON report. Fails with a hint if `npm ci` was not run.

@@ -3,7 +3,7 @@
 
 use std::io::Write as _;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +20,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Exchange
 use redisched::config::Config;
 use redisched::job::{Due, JobId, PutMode, Topic};
 use redisched::store::{Op, PutRequest, Store};
+use redisched_testkit::ChildBridge;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 
@@ -56,65 +57,39 @@ impl Env {
 
 /// A name no other run uses: `bench-<label>-<pid>-<time>-<n>`.
 pub fn unique(label: &str) -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!(
-        "bench-{label}-{}-{:x}-{}",
-        std::process::id(),
-        nanos & 0xffff_ffff,
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
+    redisched_testkit::unique(&format!("bench-{label}"))
 }
 
 /// Production defaults with every name unique to this scenario and HTTP off.
 pub fn bench_config(env: &Env, label: &str) -> Config {
-    let name = unique(label);
     let mut config = Config::default();
+    redisched_testkit::isolate(&mut config, &unique(label));
     config.redis.url = env.redis_url.clone();
-    config.redis.prefix = name.clone();
     config.amqp.url = env.amqp_url.clone();
-    config.amqp.commands_exchange = format!("{name}.commands");
-    config.amqp.commands_queue = format!("{name}.commands");
-    config.amqp.invalid_exchange = format!("{name}.invalid");
-    config.amqp.invalid_queue = format!("{name}.invalid");
-    config.amqp.ready_exchange = format!("{name}.ready");
     config.http.enabled = false;
     // The bench's own progress lines are what matter on stderr.
     config.log.level = "warn".into();
     config
 }
 
-/// The env vars that make a child `redisched run` use `config`.
-pub fn env_for(config: &Config) -> Vec<(String, String)> {
-    config.to_env()
-}
-
 /// A `redisched run` child process; killed on drop if still running.
 pub struct Bridge {
-    child: Child,
+    process: ChildBridge,
     pub started: Instant,
 }
 
 impl Bridge {
     pub fn start(env: &Env, config: &Config) -> Result<Self> {
-        let child = Command::new(&env.bridge_bin)
-            .arg("run")
-            .envs(env_for(config))
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
+        let process = ChildBridge::spawn(&env.bridge_bin, config, Stdio::null(), Stdio::inherit())
             .with_context(|| format!("spawn {} run", env.bridge_bin.display()))?;
         Ok(Self {
-            child,
+            process,
             started: Instant::now(),
         })
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     /// Resident set size in KiB (`VmRSS` of /proc/<pid>/status).
@@ -129,7 +104,7 @@ impl Bridge {
 
     /// Fails if the bridge exited early (bad config, cannot connect…).
     pub fn check_alive(&mut self) -> Result<()> {
-        if let Some(status) = self.child.try_wait()? {
+        if let Some(status) = self.process.child.try_wait()? {
             bail!("the bridge exited early: {status}");
         }
         Ok(())
@@ -137,26 +112,9 @@ impl Bridge {
 
     /// SIGTERM, then wait (graceful stop).
     pub fn stop(mut self) -> Result<()> {
-        let pid = self.pid().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if self.child.try_wait()?.is_some() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        bail!("the bridge did not stop within 20 s of SIGTERM")
-    }
-}
-
-impl Drop for Bridge {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        match self.process.terminate(Duration::from_secs(20))? {
+            Some(_) => Ok(()),
+            None => bail!("the bridge did not stop within 20 s of SIGTERM"),
         }
     }
 }
@@ -301,18 +259,9 @@ pub async fn declare_exchange(channel: &Channel, exchange: &str) -> Result<()> {
 
 /// Ready messages in a queue (passive declare).
 pub async fn queue_depth(channel: &Channel, queue: &str) -> Result<u32> {
-    let q = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
+    redisched_testkit::queue_depth(channel, queue)
         .await
-        .with_context(|| format!("inspect queue {queue}"))?;
-    Ok(q.message_count())
+        .with_context(|| format!("inspect queue {queue}"))
 }
 
 /// What a run created, deleted at the end (also after a failure).
@@ -364,33 +313,14 @@ impl Cleanup {
     }
 }
 
-/// Deletes every key under `prefix:` (SCAN + UNLINK).
+/// Deletes every key under `prefix:` (SCAN + UNLINK, on a blocking thread).
 pub async fn delete_prefix(redis_url: &str, prefix: &str) -> Result<u64> {
-    let client = redis::Client::open(redis_url)?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
-    let mut cursor: u64 = 0;
-    let mut deleted = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}:*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await?;
-        if !keys.is_empty() {
-            let n: u64 = redis::cmd("UNLINK")
-                .arg(&keys)
-                .query_async(&mut conn)
-                .await?;
-            deleted += n;
-        }
-        if next == 0 {
-            return Ok(deleted);
-        }
-        cursor = next;
-    }
+    let (url, owned) = (redis_url.to_string(), prefix.to_string());
+    let deleted =
+        tokio::task::spawn_blocking(move || redisched_testkit::delete_prefix(&url, &owned))
+            .await?
+            .with_context(|| format!("delete Redis keys {prefix}:*"))?;
+    Ok(deleted)
 }
 
 pub fn body(bytes: usize) -> Vec<u8> {
@@ -711,26 +641,6 @@ impl Lateness {
 
 pub fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
-}
-
-/// A small deterministic PRNG (splitmix64) for delays; no crate needed.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `0..=max`.
-    pub fn below(&mut self, max: u64) -> u64 {
-        self.next_u64() % (max + 1)
-    }
 }
 
 /// Polls `check` every 50 ms until it is true or `timeout` passed (then fails).
