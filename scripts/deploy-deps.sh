@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Tools the deployment and metrics tests need, installed if missing:
+#   promtool             (Debian package `prometheus`) tests/metrics.rs checks /metrics with
+#                        `promtool check metrics`; tests/deploy.rs checks and unit-tests the
+#                        alert rules in deploy/prometheus/
+#   kubernetes-validate  (PyPI) tests/deploy.rs validates deploy/kubernetes/ against the
+#                        Kubernetes schemas it ships (no network when it runs)
+# Idempotent; scripts/test.sh runs it before `cargo test`.
+set -euo pipefail
+
+if ! command -v promtool >/dev/null; then
+  echo "installing prometheus (for promtool)"
+  apt-get update -qq
+  # Only the binaries: the package's recommended exporters and web assets are not needed.
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  # The package starts a Prometheus server where systemd runs; the tests need promtool only.
+  if command -v systemctl >/dev/null && systemctl is-active -q prometheus 2>/dev/null; then
+    systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
+fi
+if ! command -v kubernetes-validate >/dev/null; then
+  echo "installing kubernetes-validate"
+  pip install -q kubernetes-validate 2>/dev/null || pip install -q --break-system-packages kubernetes-validate
+fi
+echo "promtool and kubernetes-validate are installed"
