@@ -10,9 +10,10 @@ set -euo pipefail
 
 if ! command -v promtool >/dev/null; then
   echo "installing prometheus (for promtool)"
-  apt-get update -qq
-  # Only the binaries: the package's recommended exporters and web assets are not needed.
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  apt-get -o DPkg::Lock::Timeout=600 update -qq
+  # promtool is in the package; its recommended exporters are not needed. Waits for a
+  # dpkg lock another install holds.
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends prometheus >/dev/null
   # The package starts a Prometheus server where systemd runs; the tests need promtool only.
   if command -v systemctl >/dev/null && systemctl is-active -q prometheus 2>/dev/null; then
     systemctl disable --now prometheus >/dev/null 2>&1 || true
