@@ -5,6 +5,8 @@
 #                        alert rules in deploy/prometheus/
 #   kubernetes-validate  (PyPI) tests/deploy.rs validates deploy/kubernetes/ against the
 #                        Kubernetes schemas it ships (no network when it runs)
+#   prometheus-client    (PyPI) its strict OpenMetrics parser reads /metrics in
+#                        tests/metrics.rs, as promtool does the classic format
 # Idempotent; scripts/test.sh runs it before `cargo test`.
 set -euo pipefail
 
@@ -23,4 +25,8 @@ if ! command -v kubernetes-validate >/dev/null; then
   echo "installing kubernetes-validate"
   pip install -q kubernetes-validate 2>/dev/null || pip install -q --break-system-packages kubernetes-validate
 fi
-echo "promtool and kubernetes-validate are installed"
+if ! python3 -c "import prometheus_client.openmetrics.parser" 2>/dev/null; then
+  echo "installing prometheus-client (Python)"
+  pip install -q prometheus-client 2>/dev/null || pip install -q --break-system-packages prometheus-client
+fi
+echo "promtool, kubernetes-validate and prometheus-client are installed"

@@ -58,6 +58,37 @@ fn promtool_check_metrics(text: &str) -> (bool, String) {
     (output.status.success(), printed)
 }
 
+/// Python prometheus-client's strict OpenMetrics parser over `text`: the families it read
+/// (name and type, one per line), or what it objected to.
+fn parse_open_metrics(text: &str) -> Result<String, String> {
+    const PARSE: &str = "import sys\n\
+        from prometheus_client.openmetrics.parser import text_string_to_metric_families\n\
+        for f in text_string_to_metric_families(sys.stdin.read()):\n    print(f.name, f.type, len(f.samples))\n";
+    let mut child = Command::new("python3")
+        .args(["-c", PARSE])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|err| panic!("cannot run python3: {err}"));
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write to python3");
+    let output = child.wait_with_output().expect("python3 output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if stderr.contains("No module named") {
+        panic!("{stderr}\nprometheus-client is missing: install it with `bash scripts/deploy-deps.sh` (pip install prometheus-client)");
+    }
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(stderr.into_owned())
+    }
+}
+
 /// Polls until `/readyz` answers 200 (the bridge has Redis and its AMQP topology).
 async fn wait_ready(base: &str) {
     let client = reqwest::Client::new();
@@ -125,7 +156,18 @@ async fn metrics_negotiate_pass_promtool_and_follow_what_topics_hold() {
             text.contains("redisched_publish_retries_total{reason=\"nack\"} 0\n"),
             "{text}"
         );
+        let families = parse_open_metrics(&text)
+            .unwrap_or_else(|err| panic!("not OpenMetrics: {err}\n{text}"));
+        for family in [
+            "redisched_publish_retries counter 3",
+            "redisched_dispatch_lateness_seconds histogram",
+            "redisched_jobs_parked gauge 0",
+        ] {
+            assert!(families.contains(family), "{family:?} not in\n{families}");
+        }
     }
+    // The parser is strict: the classic text is not OpenMetrics.
+    assert!(parse_open_metrics(&classic).is_err());
 
     // A topic with a job waiting has its series; once the job is delivered it has none.
     let topic = "metrics.drained";
