@@ -27,6 +27,7 @@ async fn scrape(base: &str, accept: Option<&str>) -> (String, String) {
     }
     let response = request.send().await.expect("GET /metrics");
     assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["vary"], "accept");
     let content_type = response.headers()["content-type"]
         .to_str()
         .expect("content type")

@@ -73,10 +73,14 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
         }
     }
     (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static(format.content_type()),
-        )],
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(format.content_type()),
+            ),
+            // The body depends on Accept: caches must not hand one format to the other.
+            (header::VARY, HeaderValue::from_static("accept")),
+        ],
         state.metrics.encode_as(format),
     )
         .into_response()
