@@ -87,9 +87,12 @@ impl TopicSnapshot {
     }
 }
 
-/// The per-topic gauge families: name, help, value. Always described (HELP/TYPE), with
-/// one sample per topic that holds something.
-const TOPIC_GAUGES: [(&str, &str, fn(&TopicSnapshot) -> u64); 6] = [
+/// One per-topic gauge family: name, help, and its value in a snapshot.
+type TopicGauge = (&'static str, &'static str, fn(&TopicSnapshot) -> u64);
+
+/// The per-topic gauge families. Always described (HELP/TYPE), with one sample per topic
+/// that holds something.
+const TOPIC_GAUGES: [TopicGauge; 6] = [
     (
         "redisched_jobs_scheduled",
         "Jobs waiting in the schedule, due or not.",
