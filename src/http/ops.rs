@@ -1,11 +1,10 @@
 //! For orchestrators and watchers: health, readiness, metrics, the live event stream.
 
 use std::convert::Infallible;
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -14,8 +13,7 @@ use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::{AppState, Shutdown};
-
-type StatOf = fn(&crate::store::TopicStats) -> u64;
+use crate::metrics::{Format, TopicSnapshot};
 
 /// How long readiness waits for Redis to answer `PING`.
 const PING_TIMEOUT: Duration = Duration::from_secs(2);
@@ -54,53 +52,49 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
-/// Prometheus / OpenMetrics text: the bridge's registry plus per-topic job gauges read
-/// from Redis now. If Redis does not answer, the gauges are left out (`redisched_redis_up`
-/// tells why) rather than failing the scrape.
-pub async fn metrics(State(state): State<AppState>) -> Response {
-    let mut text = state.metrics.encode();
-    if let Some(stripped) = text.strip_suffix("# EOF\n") {
-        text.truncate(stripped.len());
-    }
+/// The bridge's metrics plus per-topic gauges of what each topic holds now (read from
+/// Redis at scrape time), in the classic Prometheus text format or in OpenMetrics as
+/// `Accept` asks ([`Format::from_accept`]). If Redis does not answer, the per-topic
+/// series are left out (`redisched_redis_up` tells why) rather than failing the scrape.
+pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let format = Format::from_accept(
+        headers
+            .get(header::ACCEPT)
+            .and_then(|value| value.to_str().ok()),
+    );
     match topic_stats(&state).await {
-        Ok(rows) => {
-            let gauges: [(&str, &str, StatOf); 3] = [
-                (
-                    "redisched_jobs_scheduled",
-                    "Jobs waiting in the schedule, due or not",
-                    |s| s.scheduled,
-                ),
-                (
-                    "redisched_jobs_due",
-                    "Scheduled jobs already due (the backlog)",
-                    |s| s.due_now,
-                ),
-                (
-                    "redisched_jobs_reserved",
-                    "Jobs handed to a dispatcher, not yet released",
-                    |s| s.reserved,
-                ),
-            ];
-            for (name, help, value) in gauges {
-                let _ = writeln!(text, "# HELP {name} {help}.");
-                let _ = writeln!(text, "# TYPE {name} gauge");
-                for (topic, stats) in &rows {
-                    // Topics are restricted to [A-Za-z0-9-_.:/]: nothing to escape.
-                    let _ = writeln!(text, "{name}{{topic=\"{topic}\"}} {}", value(stats));
-                }
-            }
+        Ok(rows) => state.metrics.set_topics(
+            rows.iter()
+                .map(|(topic, stats)| (topic.to_string(), topic_snapshot(stats))),
+        ),
+        Err(err) => {
+            tracing::warn!(error = %err, "metrics: per-topic gauges left out");
+            state.metrics.set_topics([]);
         }
-        Err(err) => tracing::warn!(error = %err, "metrics: per-topic gauges left out"),
     }
-    text.push_str("# EOF\n");
     (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
-        )],
-        text,
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(format.content_type()),
+            ),
+            // The body depends on Accept: caches must not hand one format to the other.
+            (header::VARY, HeaderValue::from_static("accept")),
+        ],
+        state.metrics.encode_as(format),
     )
         .into_response()
+}
+
+/// The per-topic gauges of one topic. Paused, parked and failing stay 0 until the store
+/// reports them.
+fn topic_snapshot(stats: &crate::store::TopicStats) -> TopicSnapshot {
+    TopicSnapshot {
+        scheduled: stats.scheduled,
+        due: stats.due_now,
+        reserved: stats.reserved,
+        ..TopicSnapshot::default()
+    }
 }
 
 pub(super) async fn topic_stats(
