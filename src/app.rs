@@ -6,7 +6,6 @@
 //! opened with backoff, re-declaring the topology. Nothing is lost in between:
 //! unacked commands are redelivered by the broker and unreleased jobs stay in Redis.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -102,31 +101,38 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     // Ingest and dispatch each get their own connection: a command the client library
     // cannot even parse (which drops the connection) must not interrupt deliveries,
     // and a blocked publisher must not stall intake.
+    let (ingest, dispatcher) = (Arc::new(ingest), Arc::new(dispatcher));
+    // Dispatch keeps its plan (when each topic is next due) across reconnects.
+    let plan = Arc::new(tokio::sync::Mutex::new(Plan::default()));
     tokio::join!(
         supervise(
             Stage::Ingest,
             &config,
             &metrics,
             &shutdown,
-            IngestStage(&ingest)
+            move |connection, end| {
+                let ingest = ingest.clone();
+                Box::pin(async move { ingest.run(connection, end).await })
+            },
         ),
         supervise(
             Stage::Dispatch,
             &config,
             &metrics,
             &shutdown,
-            DispatchStage {
-                dispatcher: &dispatcher,
-                plan: Plan::default(),
+            move |connection, end| {
+                let (dispatcher, plan) = (dispatcher.clone(), plan.clone());
+                Box::pin(async move {
+                    let mut plan = plan.lock().await;
+                    dispatcher.run(&mut plan, connection, end).await
+                })
             },
         ),
     );
     tracing::info!("shutting down");
-    if tokio::time::timeout(Duration::from_secs(5), tasks.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("background tasks did not stop within 5 s");
+    let stop = crate::shutdown::BACKGROUND_TASKS;
+    if tokio::time::timeout(stop, tasks.wait()).await.is_err() {
+        tracing::warn!(timeout = ?stop, "background tasks did not stop in time");
     }
     Ok(())
 }
@@ -159,51 +165,18 @@ async fn connect_store(
     }
 }
 
-/// A stage that works over an AMQP connection of its own.
-trait OverAmqp {
-    fn run<'a>(
-        &'a mut self,
-        connection: &'a Connection,
-        end: CancellationToken,
-    ) -> impl Future<Output = Result<(), AmqpError>> + Send + 'a;
-}
-
-struct IngestStage<'s>(&'s Ingest);
-
-impl OverAmqp for IngestStage<'_> {
-    fn run<'a>(
-        &'a mut self,
-        connection: &'a Connection,
-        end: CancellationToken,
-    ) -> impl Future<Output = Result<(), AmqpError>> + Send + 'a {
-        self.0.run(connection, end)
-    }
-}
-
-/// Dispatch keeps its plan (when each topic is next due) across reconnects.
-struct DispatchStage<'s> {
-    dispatcher: &'s Dispatcher,
-    plan: Plan,
-}
-
-impl OverAmqp for DispatchStage<'_> {
-    fn run<'a>(
-        &'a mut self,
-        connection: &'a Connection,
-        end: CancellationToken,
-    ) -> impl Future<Output = Result<(), AmqpError>> + Send + 'a {
-        self.dispatcher.run(&mut self.plan, connection, end)
-    }
-}
+/// One run of a stage over a connection, until the token ends it or the connection
+/// fails.
+type StageRun<'c> = futures_util::future::BoxFuture<'c, Result<(), AmqpError>>;
 
 /// Runs one stage over AMQP until shutdown: opens a connection, declares the topology,
-/// runs the stage, and when the connection or the stage fails, starts over with backoff.
+/// runs the stage (`run`, given the connection and a token that ends it), and when the connection or the stage fails, starts over with backoff.
 async fn supervise(
     stage: Stage,
     config: &Config,
     metrics: &Metrics,
     shutdown: &CancellationToken,
-    mut run: impl OverAmqp,
+    mut run: impl for<'c> FnMut(&'c Connection, CancellationToken) -> StageRun<'c>,
 ) {
     let min_backoff = Duration::from_millis(config.amqp.reconnect_min_ms);
     let mut backoff = min_backoff;
@@ -237,7 +210,7 @@ async fn session(
     config: &Config,
     metrics: &Metrics,
     shutdown: &CancellationToken,
-    run: &mut impl OverAmqp,
+    run: &mut impl for<'c> FnMut(&'c Connection, CancellationToken) -> StageRun<'c>,
     attempt: usize,
 ) -> Result<(), AmqpError> {
     let name = format!(
@@ -272,7 +245,7 @@ async fn session(
     };
     metrics.set_stage_ready(stage, true);
     tracing::info!(stage = stage.name(), %url, "connected to AMQP; topology declared");
-    let result = run.run(&connection, shutdown.child_token()).await;
+    let result = run(&connection, shutdown.child_token()).await;
     metrics.set_stage_ready(stage, false);
     amqp::close_quietly("connection", connection.close(200, "bye".into())).await;
     result?;

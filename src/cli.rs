@@ -6,7 +6,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
@@ -140,30 +140,23 @@ pub struct PutArgs {
     pub body_file: Option<PathBuf>,
     /// Due after this delay: 250ms, 90s, 15m, 3d, "1h 30m"
     #[arg(long, value_parser = parse_delay, conflicts_with = "at")]
-    pub delay: Option<Duration>,
+    pub delay: Option<Due>,
     /// Due at this time, RFC 3339 (2030-01-01T09:00:00Z; no zone means UTC)
     #[arg(long, value_parser = parse_at, value_name = "TIME")]
-    pub at: Option<i64>,
+    pub at: Option<Due>,
     /// Overwrite an existing job with this id (body and due time)
     #[arg(long)]
     pub replace: bool,
 }
 
-fn parse_delay(raw: &str) -> Result<Duration, String> {
-    humantime::parse_duration(raw).map_err(|e| format!("{e} (examples: 250ms, 90s, 3d)"))
+fn parse_delay(raw: &str) -> Result<Due, String> {
+    let delay =
+        humantime::parse_duration(raw).map_err(|e| format!("{e} (examples: 250ms, 90s, 3d)"))?;
+    Due::delay("--delay", raw, delay.as_millis() as i128).map_err(|e| e.to_string())
 }
 
-fn parse_at(raw: &str) -> Result<i64, String> {
-    let time = humantime::parse_rfc3339_weak(raw)
-        .map_err(|e| format!("{e} (expected RFC 3339, e.g. 2030-01-01T09:00:00Z)"))?;
-    Ok(epoch_ms(time))
-}
-
-fn epoch_ms(time: SystemTime) -> i64 {
-    match time.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
-        Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
-    }
+fn parse_at(raw: &str) -> Result<Due, String> {
+    Due::at_rfc3339("--at", raw).map_err(|e| e.to_string())
 }
 
 /// Why a command failed; each kind has its exit code.
@@ -350,11 +343,7 @@ fn read_body(args: &PutArgs) -> Result<Vec<u8>, CliError> {
 }
 
 async fn put(store: &Store, args: &PutArgs, body: Vec<u8>) -> Result<Output, CliError> {
-    let due = match (args.delay, args.at) {
-        (Some(delay), _) => Due::Delay(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
-        (None, Some(at)) => Due::At(at),
-        (None, None) => Due::NOW,
-    };
+    let due = args.delay.or(args.at).unwrap_or(Due::NOW);
     let mode = if args.replace {
         PutMode::Replace
     } else {
@@ -396,10 +385,7 @@ async fn delete(store: &Store, job: &JobRef) -> Result<Output, CliError> {
             human: format!("deleted {}/{}", job.topic, job.id),
         })
     } else {
-        Err(CliError::NotFound(format!(
-            "no job {} in topic {}",
-            job.id, job.topic
-        )))
+        Err(CliError::NotFound(view::no_such_job(&job.topic, &job.id)))
     }
 }
 
@@ -407,7 +393,7 @@ async fn get(store: &Store, job: &JobRef) -> Result<Output, CliError> {
     let info = store
         .get(&job.topic, &job.id)
         .await?
-        .ok_or_else(|| CliError::NotFound(format!("no job {} in topic {}", job.id, job.topic)))?;
+        .ok_or_else(|| CliError::NotFound(view::no_such_job(&job.topic, &job.id)))?;
     let now = store.server_time().await?;
     let json = view::to_json(&JobView::new(&job.topic, job.id.as_str(), &info));
     let mut human = format!(
@@ -598,12 +584,20 @@ mod tests {
 
     #[test]
     fn delays_and_times_parse() {
-        assert_eq!(parse_delay("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_delay("3d"), Ok(Duration::from_secs(3 * 86_400)));
+        assert_eq!(parse_delay("250ms"), Ok(Due::Delay(250)));
+        assert_eq!(parse_delay("3d"), Ok(Due::Delay(3 * 86_400_000)));
         assert!(parse_delay("soon").is_err());
-        assert_eq!(parse_at("1970-01-01T00:00:01Z"), Ok(1000));
-        assert_eq!(parse_at("2001-09-09T01:46:40"), Ok(1_000_000_000_000));
+        assert_eq!(parse_at("1970-01-01T00:00:01Z"), Ok(Due::At(1000)));
+        assert_eq!(
+            parse_at("2001-09-09T01:46:40"),
+            Ok(Due::At(1_000_000_000_000))
+        );
         assert!(parse_at("tomorrow").is_err());
+        let before = parse_at("1969-12-31T23:59:59Z").unwrap_err();
+        assert!(
+            before.contains("--at 1969-12-31T23:59:59Z is before 1970"),
+            "{before}"
+        );
         assert_eq!(rfc3339(1000), "1970-01-01T00:00:01.000Z");
         assert_eq!(relative(10_500, 0), "in 10s");
         assert_eq!(relative(0, 61_000), "1m 1s ago");

@@ -138,8 +138,106 @@ pub enum Due {
     At(i64),
 }
 
+/// Largest magnitude of a delay or an epoch time, in ms: 16 digits keep every value
+/// exact in Lua's doubles and within the scripts' argument checks (about 317,000 years).
+pub const MAX_TIME_MS: i64 = 9_999_999_999_999_999;
+
+/// Why a due time was refused, in the terms the user gave it: the field (`x-delay`,
+/// `delay_ms`, `--at`…) and the value as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DueError {
+    #[error("{field} {given} is out of range: at most {MAX_TIME_MS} ms")]
+    DelayTooLarge { field: String, given: String },
+    #[error("{field} {given} is out of range: at least -{MAX_TIME_MS} ms")]
+    DelayTooNegative { field: String, given: String },
+    #[error("{field} {given} is before 1970-01-01T00:00:00Z; give a time from 1970 on (a past time means now)")]
+    BeforeEpoch { field: String, given: String },
+    #[error("{field} {given} is out of range: at most {MAX_TIME_MS} ms since 1970")]
+    TooLate { field: String, given: String },
+    #[error("{field} must be an RFC 3339 time (2030-01-01T09:00:00Z; no zone means UTC), got {given:?}: {detail}")]
+    NotATime {
+        field: String,
+        given: String,
+        detail: String,
+    },
+}
+
 impl Due {
     pub const NOW: Due = Due::Delay(0);
+
+    /// The one way every face turns a user's delay into a [`Due`]: `ms` from now
+    /// (zero or negative means now), refused beyond [`MAX_TIME_MS`]. `field` and
+    /// `given` (the value as the user wrote it) name it in the error. Wide integers
+    /// take saturated floats and 20-digit strings without wrapping.
+    pub fn delay(field: &str, given: impl fmt::Display, ms: i128) -> Result<Due, DueError> {
+        let (field, given) = (field.to_string(), given.to_string());
+        if ms > i128::from(MAX_TIME_MS) {
+            return Err(DueError::DelayTooLarge { field, given });
+        }
+        if ms < -i128::from(MAX_TIME_MS) {
+            return Err(DueError::DelayTooNegative { field, given });
+        }
+        Ok(Due::Delay(ms.max(0) as i64))
+    }
+
+    /// A due time in epoch ms (a past time means now), refused before 1970 and beyond
+    /// [`MAX_TIME_MS`].
+    pub fn at(field: &str, given: impl fmt::Display, epoch_ms: i128) -> Result<Due, DueError> {
+        let (field, given) = (field.to_string(), given.to_string());
+        if epoch_ms < 0 {
+            return Err(DueError::BeforeEpoch { field, given });
+        }
+        if epoch_ms > i128::from(MAX_TIME_MS) {
+            return Err(DueError::TooLate { field, given });
+        }
+        Ok(Due::At(epoch_ms as i64))
+    }
+
+    /// [`Due::at`] for a parsed calendar time (RFC 3339).
+    pub fn at_time(
+        field: &str,
+        given: impl fmt::Display,
+        time: std::time::SystemTime,
+    ) -> Result<Due, DueError> {
+        match time.duration_since(std::time::UNIX_EPOCH) {
+            Ok(since) => Due::at(field, given, since.as_millis() as i128),
+            Err(_) => Err(DueError::BeforeEpoch {
+                field: field.to_string(),
+                given: given.to_string(),
+            }),
+        }
+    }
+}
+
+impl Due {
+    /// [`Due::at`] for an RFC 3339 time as written (`2030-01-01T09:00:00Z`; no zone
+    /// means UTC).
+    pub fn at_rfc3339(field: &str, raw: &str) -> Result<Due, DueError> {
+        match humantime::parse_rfc3339_weak(raw) {
+            Ok(time) => Due::at_time(field, raw, time),
+            // The parser has no years before 1970 and calls them "out of range".
+            Err(_) if year_before_1970(raw) => Err(DueError::BeforeEpoch {
+                field: field.to_string(),
+                given: raw.to_string(),
+            }),
+            Err(err) => Err(DueError::NotATime {
+                field: field.to_string(),
+                given: raw.to_string(),
+                detail: err.to_string(),
+            }),
+        }
+    }
+}
+
+fn year_before_1970(raw: &str) -> bool {
+    let bytes = raw.as_bytes();
+    bytes.len() > 4 && bytes[4] == b'-' && raw[..4].parse::<u32>().is_ok_and(|year| year < 1970)
+}
+
+/// Milliseconds of a float (rounded up: a job is never due early), saturating; `None`
+/// for NaN and infinities. Saturated values are refused by [`Due::delay`] / [`Due::at`].
+pub fn float_millis(ms: f64) -> Option<i128> {
+    ms.is_finite().then(|| ms.ceil() as i128)
 }
 
 /// What to do when a job with the same id already exists in the topic.
@@ -171,6 +269,34 @@ mod tests {
                 max: 200
             })
         );
+    }
+
+    #[test]
+    fn due_times_are_range_checked_in_the_users_terms() {
+        assert_eq!(Due::delay("x-delay", "-5", -5), Ok(Due::NOW));
+        assert_eq!(Due::delay("x-delay", "1500", 1500), Ok(Due::Delay(1500)));
+        let huge = float_millis(1e300).unwrap();
+        let err = Due::delay("x-delay", "1e300", huge).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "x-delay 1e300 is out of range: at most 9999999999999999 ms"
+        );
+        assert!(Due::delay("delay_ms", "1", i128::from(MAX_TIME_MS) + 1).is_err());
+        assert_eq!(Due::at("at", "0", 0), Ok(Due::At(0)));
+        let err = Due::at("x-deliver-at", "-1", -1).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("x-deliver-at -1 is before 1970"),
+            "{err}"
+        );
+        let before = std::time::UNIX_EPOCH - std::time::Duration::from_secs(1);
+        assert!(matches!(
+            Due::at_time("--at", "1969-12-31T23:59:59Z", before),
+            Err(DueError::BeforeEpoch { .. })
+        ));
+        assert!(Due::at("at", "x", i128::from(MAX_TIME_MS) + 1).is_err());
+        assert_eq!(float_millis(f64::NAN), None);
+        assert_eq!(float_millis(1.2), Some(2));
     }
 
     #[test]

@@ -64,15 +64,3 @@ pub async fn step(store: &Store, cursor: &mut u64) -> Result<u64, StoreError> {
     *cursor = next;
     Ok(total)
 }
-
-/// One full pass over every topic; returns how many reservations were requeued.
-pub async fn sweep(store: &Store) -> Result<u64, StoreError> {
-    let mut cursor = 0;
-    let mut total = 0;
-    loop {
-        total += step(store, &mut cursor).await?;
-        if cursor == 0 {
-            return Ok(total);
-        }
-    }
-}

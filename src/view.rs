@@ -7,7 +7,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use base64::Engine as _;
 use serde::Serialize;
 
-use crate::job::Topic;
+use crate::job::{JobId, Topic};
 use crate::store::{JobInfo, JobState, PutOutcome, PutStatus, TopicStats};
 
 /// First epoch ms that RFC 3339 (years 0000–9999) cannot show.
@@ -21,6 +21,11 @@ pub fn rfc3339(ms: i64) -> String {
     }
     let time = UNIX_EPOCH + Duration::from_millis(ms.unsigned_abs());
     humantime::format_rfc3339_millis(time).to_string()
+}
+
+/// The "not found" text of both faces, with the id and topic as the user wrote them.
+pub fn no_such_job(topic: &Topic, id: &JobId) -> String {
+    format!("no job {id} in topic {topic}")
 }
 
 /// A view as a JSON value (for the CLI, which prints it).
@@ -192,6 +197,10 @@ mod tests {
     #[test]
     fn times_and_states_read_as_people_write_them() {
         assert_eq!(rfc3339(1000), "1970-01-01T00:00:01.000Z");
+        assert_eq!(
+            no_such_job(&Topic::new("t").unwrap(), &JobId::new("a b").unwrap()),
+            "no job a b in topic t"
+        );
         assert_eq!(rfc3339(i64::MAX), i64::MAX.to_string());
         assert_eq!(rfc3339(-1), "-1");
         assert_eq!(rfc3339(YEAR_10000_MS - 1), "9999-12-31T23:59:59.999Z");

@@ -73,7 +73,8 @@ async fn odd_delays_ids_topics_and_bodies_are_applied_exactly_or_set_aside_with_
             "bool".into(),
             vec![("x-delay", AMQPValue::Boolean(true))],
             vec![],
-            "x-delay",
+            // The value in the producer's terms, not the Rust form `Boolean(true)`.
+            "x-delay must be an integer number of milliseconds (or a numeric string), got the boolean true",
         ),
         (
             "bad",
@@ -101,7 +102,15 @@ async fn odd_delays_ids_topics_and_bodies_are_applied_exactly_or_set_aside_with_
             "huge".into(),
             vec![("x-delay", AMQPValue::Double(1e300))],
             vec![],
-            "x-delay",
+            // Reported as given, not as a saturated integer.
+            "x-delay 1e300 is out of range: at most 9999999999999999 ms",
+        ),
+        (
+            "bad",
+            "before-1970".into(),
+            vec![("x-deliver-at", AMQPValue::LongLongInt(-1))],
+            vec![],
+            "x-deliver-at -1 is before 1970-01-01T00:00:00Z",
         ),
         // x-deliver-at beyond the maximum delay: refused by put.lua itself.
         (

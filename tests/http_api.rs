@@ -283,6 +283,8 @@ async fn rest_put_get_list_delete() {
     let (status, body) = s.send(s.client.delete(job("o-1", ""))).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(body["error"].as_str().unwrap().contains("o-1"), "{body}");
+    // In the user's terms, not Rust's (`JobId("o-1")`).
+    assert_eq!(body["error"], "no job o-1 in topic orders", "{body}");
     let (status, body) = s.get("/v1/topics/orders/jobs/o-1").await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
 
@@ -310,6 +312,15 @@ async fn bad_requests_get_json_errors_with_the_right_status() {
         ("/v1/topics/t/jobs/x?delay_ms=soon", "delay_ms"),
         ("/v1/topics/t/jobs/x?delay_ms=1&at=2", "not both"),
         ("/v1/topics/t/jobs/x?at=tomorrow", "RFC 3339"),
+        // One due-time check for every face (job.rs), in the user's terms.
+        (
+            "/v1/topics/t/jobs/x?delay_ms=12345678901234567",
+            "delay_ms 12345678901234567 is out of range",
+        ),
+        (
+            "/v1/topics/t/jobs/x?at=1969-07-20T20:17:00Z",
+            "is before 1970",
+        ),
         ("/v1/topics/t/jobs/x?mode=upsert", "mode"),
         ("/v1/topics/t/jobs/x?replace=maybe", "replace"),
         ("/v1/topics/t/jobs/a%0Ab", "job id"),

@@ -63,7 +63,7 @@ pub enum AmqpError {
 /// heartbeat timeout declared the connection dead (two heartbeats, 20 s by default;
 /// found by `tests/faults.rs`, SIGTERM with the broker hung). Closing is best effort
 /// anyway: whatever was not acked is requeued by the broker when the socket goes.
-pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+pub const CLOSE_TIMEOUT: Duration = crate::shutdown::AMQP_CLOSE;
 
 /// Runs a closing step for at most [`CLOSE_TIMEOUT`], ignoring its outcome.
 pub async fn close_quietly<T>(what: &'static str, step: impl Future<Output = T>) {

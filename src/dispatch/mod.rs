@@ -128,6 +128,9 @@ impl Dispatcher {
         result
     }
 
+    /// The dispatch loop, one named step per line: wait out a broker block, bring the
+    /// plan up to date, nap until something is due, then reserve and publish the due
+    /// topics a group at a time within the confirm window.
     async fn dispatch_loop(
         &self,
         plan: &mut Plan,
@@ -143,45 +146,28 @@ impl Dispatcher {
         let mut redis_backoff = Duration::from_millis(100);
         while !shutdown.is_cancelled() {
             if *blocked.borrow() {
-                tracing::warn!("broker blocked publishers (resource alarm); dispatch paused");
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = blocked.wait_for(|b| !*b) => tracing::info!("broker unblocked; dispatch resumes"),
+                if !wait_unblocked(&mut blocked, shutdown).await {
+                    break;
                 }
                 continue;
             }
-            for (topic, due) in self.hints.take_hints() {
-                plan.lower(topic, due);
-            }
-            // A full pass at start and after missed notifications; otherwise one chunk
-            // of topics per poll interval, so a tick never costs a call per topic.
-            let full = self.hints.take_rescan() || plan.last_rescan.is_none();
-            let rescan_due = plan.last_rescan.is_none_or(|at| at.elapsed() >= poll);
-            if full || rescan_due {
-                if let Err(err) = self.rescan(plan, full).await {
-                    self.metrics.redis_up.set(0);
-                    tracing::warn!(error = %err, retry_in = ?redis_backoff, "redis unavailable; dispatch waits");
-                    sleep_or_shutdown(redis_backoff, shutdown).await;
-                    redis_backoff = (redis_backoff * 2).min(Duration::from_secs(5));
-                    continue;
-                }
+            if let Err(err) = self.update_plan(plan, poll).await {
+                self.metrics.redis_up.set(0);
+                tracing::warn!(error = %err, retry_in = ?redis_backoff, "redis unavailable; dispatch waits");
+                sleep_or_shutdown(redis_backoff, shutdown).await;
+                redis_backoff = (redis_backoff * 2).min(Duration::from_secs(5));
+                continue;
             }
 
             let now = self.clock.now();
             let mut due = plan.due(now);
             if due.is_empty() {
-                let earliest = plan.earliest();
-                let nap = earliest
-                    .map(|d| Duration::from_millis(u64::try_from(d - now).unwrap_or(0)))
-                    .unwrap_or(poll)
-                    .min(poll);
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = self.hints.notified() => {}
-                    _ = tokio::time::sleep(nap) => {}
+                if !self.nap(plan, now, poll, shutdown).await {
+                    break;
                 }
                 continue;
             }
+            // Start each round at another topic, so none is always served last.
             plan.turn = plan.turn.wrapping_add(1);
             let start = plan.turn % due.len();
             due.rotate_left(start);
@@ -197,8 +183,8 @@ impl Dispatcher {
                 };
                 let room = window.available_permits() + 1;
                 let each = (room / group.len()).clamp(1, cfg.batch);
-                let batches = match self.store.reserve_many(group, ttr, each).await {
-                    Ok(batches) => batches,
+                let reserved = match self.reserve_group(plan, group, ttr, each).await {
+                    Ok(reserved) => reserved,
                     Err(err) => {
                         self.metrics.redis_up.set(0);
                         tracing::warn!(error = %err, "reserve failed");
@@ -209,48 +195,120 @@ impl Dispatcher {
                 };
                 redis_backoff = Duration::from_millis(100);
                 self.metrics.redis_up.set(1);
-                let mut reserved: Vec<(Topic, Vec<ReservedJob>)> = Vec::with_capacity(group.len());
-                for (topic, batch) in group.iter().zip(batches) {
-                    self.clock.observe(batch.now);
-                    plan.set(topic, batch.next_due);
-                    if !batch.corrupt.is_empty() {
-                        self.metrics
-                            .corrupt_records
-                            .inc_by(batch.corrupt.len() as u64);
-                        tracing::error!(%topic, ids = ?batch.corrupt, "scheduled ids with missing or unreadable records taken off the schedule; run `redisched check`");
-                    }
-                    reserved.push((topic.clone(), batch.jobs));
-                }
-                let mut first_permit = Some(first_permit);
-                let mut topics = reserved.into_iter();
-                while let Some((topic, jobs)) = topics.next() {
-                    let mut jobs = jobs.into_iter();
-                    while let Some(job) = jobs.next() {
-                        let permit = match first_permit.take() {
-                            Some(p) => p,
-                            None => match window.clone().acquire_owned().await {
-                                Ok(p) => p,
-                                Err(_) => return Ok(()),
-                            },
-                        };
-                        if let Err(err) = self
-                            .publish(channel, &topic, job.clone(), permit, in_flight)
-                            .await
-                        {
-                            // The channel is gone: hand back everything reserved and not
-                            // sent, so it is due again now instead of after the TTR.
-                            self.hand_back(&topic, std::iter::once(job).chain(jobs).collect())
-                                .await;
-                            for (topic, jobs) in topics {
-                                self.hand_back(&topic, jobs).await;
-                            }
-                            return Err(err);
-                        }
-                    }
+                if !self
+                    .publish_reserved(channel, reserved, first_permit, window, in_flight)
+                    .await?
+                {
+                    return Ok(());
                 }
             }
         }
         Ok(())
+    }
+
+    /// Takes the hints into the plan and rescans topics: a full pass at start and after
+    /// missed notifications; otherwise one chunk of topics per poll interval, so a tick
+    /// never costs a call per topic.
+    async fn update_plan(
+        &self,
+        plan: &mut Plan,
+        poll: Duration,
+    ) -> Result<(), crate::store::StoreError> {
+        for (topic, due) in self.hints.take_hints() {
+            plan.lower(topic, due);
+        }
+        let full = self.hints.take_rescan() || plan.last_rescan.is_none();
+        let rescan_due = plan.last_rescan.is_none_or(|at| at.elapsed() >= poll);
+        if full || rescan_due {
+            self.rescan(plan, full).await?;
+        }
+        Ok(())
+    }
+
+    /// Sleeps until the earliest planned due time (at most one poll interval) or a
+    /// hint; `false` on shutdown.
+    async fn nap(
+        &self,
+        plan: &Plan,
+        now: i64,
+        poll: Duration,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let nap = plan
+            .earliest()
+            .map(|d| Duration::from_millis(u64::try_from(d - now).unwrap_or(0)))
+            .unwrap_or(poll)
+            .min(poll);
+        tokio::select! {
+            _ = shutdown.cancelled() => false,
+            _ = self.hints.notified() => true,
+            _ = tokio::time::sleep(nap) => true,
+        }
+    }
+
+    /// Reserves up to `each` jobs of every topic of `group` in one round trip and
+    /// corrects the plan and the clock from the replies.
+    async fn reserve_group(
+        &self,
+        plan: &mut Plan,
+        group: &[Topic],
+        ttr: Duration,
+        each: usize,
+    ) -> Result<Vec<(Topic, Vec<ReservedJob>)>, crate::store::StoreError> {
+        let batches = self.store.reserve_many(group, ttr, each).await?;
+        let mut reserved = Vec::with_capacity(group.len());
+        for (topic, batch) in group.iter().zip(batches) {
+            self.clock.observe(batch.now);
+            plan.set(topic, batch.next_due);
+            if !batch.corrupt.is_empty() {
+                self.metrics
+                    .corrupt_records
+                    .inc_by(batch.corrupt.len() as u64);
+                tracing::error!(%topic, ids = ?batch.corrupt, "scheduled ids with missing or unreadable records taken off the schedule; run `redisched check`");
+            }
+            reserved.push((topic.clone(), batch.jobs));
+        }
+        Ok(reserved)
+    }
+
+    /// Publishes reserved jobs in order, each under a permit of the confirm window
+    /// (the first one already taken). `Ok(false)` when the window closed (the session
+    /// is ending). If the channel fails, everything reserved and not sent is handed
+    /// back, so it is due again now instead of after the TTR.
+    async fn publish_reserved(
+        &self,
+        channel: &Channel,
+        reserved: Vec<(Topic, Vec<ReservedJob>)>,
+        first_permit: tokio::sync::OwnedSemaphorePermit,
+        window: &Arc<Semaphore>,
+        in_flight: &mpsc::UnboundedSender<InFlight>,
+    ) -> Result<bool, AmqpError> {
+        let mut first_permit = Some(first_permit);
+        let mut topics = reserved.into_iter();
+        while let Some((topic, jobs)) = topics.next() {
+            let mut jobs = jobs.into_iter();
+            while let Some(job) = jobs.next() {
+                let permit = match first_permit.take() {
+                    Some(p) => p,
+                    None => match window.clone().acquire_owned().await {
+                        Ok(p) => p,
+                        Err(_) => return Ok(false),
+                    },
+                };
+                if let Err(err) = self
+                    .publish(channel, &topic, job.clone(), permit, in_flight)
+                    .await
+                {
+                    self.hand_back(&topic, std::iter::once(job).chain(jobs).collect())
+                        .await;
+                    for (topic, jobs) in topics {
+                        self.hand_back(&topic, jobs).await;
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Ok(true)
     }
 
     async fn publish(
@@ -332,6 +390,18 @@ impl Dispatcher {
         plan.last_rescan = Some(Instant::now());
         self.metrics.redis_up.set(1);
         Ok(())
+    }
+}
+
+/// Waits while the broker blocks publishers (a resource alarm); `false` on shutdown.
+async fn wait_unblocked(blocked: &mut watch::Receiver<bool>, shutdown: &CancellationToken) -> bool {
+    tracing::warn!("broker blocked publishers (resource alarm); dispatch paused");
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = blocked.wait_for(|b| !*b) => {
+            tracing::info!("broker unblocked; dispatch resumes");
+            true
+        }
     }
 }
 

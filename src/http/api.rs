@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::{ApiError, AppState};
 use crate::feed::Event;
-use crate::job::{Due, JobId, PutMode, Topic};
+use crate::job::{Due, DueError, JobId, PutMode, Topic};
 use crate::store::{PutOutcome, PutStatus};
 use crate::store::{PutRequest, MAX_BATCH};
 use crate::view::{DeleteView, JobView, ListView, PutView, TopicsView};
@@ -307,7 +307,7 @@ fn parse_id(raw: &str) -> Result<JobId, ApiError> {
 }
 
 fn not_found(topic: &Topic, id: &JobId) -> ApiError {
-    ApiError::not_found(format!("no job {id:?} in topic {topic:?}"))
+    ApiError::not_found(crate::view::no_such_job(topic, id))
 }
 
 fn put_mode(query: &PutQuery) -> Result<PutMode, ApiError> {
@@ -339,26 +339,35 @@ fn parse_due(delay_ms: Option<&str>, at: Option<&str>) -> Result<Due, ApiError> 
         at.filter(|s| !s.is_empty()),
     ) {
         (Some(_), Some(_)) => Err(ApiError::bad_request("give delay_ms or at, not both")),
-        (Some(raw), None) => raw.trim().parse::<i64>().map(Due::Delay).map_err(|_| {
-            ApiError::bad_request(format!(
-                "delay_ms must be an integer number of milliseconds, got {raw:?}"
-            ))
-        }),
+        (Some(raw), None) => {
+            let raw = raw.trim();
+            // Digits only, of any length: a 20-digit delay is out of range, not "not a
+            // number".
+            let ms = raw
+                .strip_prefix('-')
+                .unwrap_or(raw)
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| raw.parse::<i128>().unwrap_or(i128::MAX))
+                .filter(|_| !raw.is_empty() && raw != "-")
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "delay_ms must be an integer number of milliseconds, got {raw:?}"
+                    ))
+                })?;
+            Ok(Due::delay("delay_ms", raw, ms)?)
+        }
         (None, Some(raw)) => {
             let raw = raw.trim();
-            if let Ok(ms) = raw.parse::<i64>() {
-                return Ok(Due::At(ms));
+            if let Ok(ms) = raw.parse::<i128>() {
+                return Ok(Due::at("at", raw, ms)?);
             }
-            let time = humantime::parse_rfc3339_weak(raw).map_err(|e| {
-                ApiError::bad_request(format!(
-                    "at must be epoch milliseconds or RFC 3339 (2030-01-01T09:00:00Z), got {raw:?}: {e}"
-                ))
-            })?;
-            let ms = match time.duration_since(std::time::UNIX_EPOCH) {
-                Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
-                Err(_) => 0,
-            };
-            Ok(Due::At(ms))
+            match Due::at_rfc3339("at", raw) {
+                Err(DueError::NotATime { detail, .. }) => Err(ApiError::bad_request(format!(
+                    "at must be epoch milliseconds or RFC 3339 (2030-01-01T09:00:00Z), got {raw:?}: {detail}"
+                ))),
+                due => Ok(due?),
+            }
         }
         (None, None) => Ok(Due::NOW),
     }
@@ -377,14 +386,9 @@ fn compat_delay(delay: &Value) -> Result<Due, ApiError> {
     .ok_or_else(|| {
         ApiError::bad_request(format!("delay must be a number of seconds, got {delay}"))
     })?;
-    let ms = (seconds * 1000.0).round();
-    // Far beyond any max_delay_ms; the store refuses what is too long.
-    if ms.abs() > 1e17 {
-        return Err(ApiError::bad_request(format!(
-            "delay {seconds} s is out of range"
-        )));
-    }
-    Ok(Due::Delay(ms as i64))
+    // `as` saturates; Due::delay refuses what saturated.
+    let ms = (seconds * 1000.0).round() as i128;
+    Ok(Due::delay("delay", format!("{delay} s"), ms)?)
 }
 
 fn id_text(id: &Value) -> String {
@@ -452,6 +456,24 @@ mod tests {
         assert!(parse_due(Some("1"), Some("2")).is_err());
         assert!(parse_due(Some("soon"), None).is_err());
         assert!(parse_due(None, Some("tomorrow")).is_err());
+        // Out of range and before 1970: refused here, in the user's terms, not by Lua.
+        let err = parse_due(Some("12345678901234567"), None).unwrap_err();
+        assert!(
+            err.message
+                .contains("delay_ms 12345678901234567 is out of range"),
+            "{}",
+            err.message
+        );
+        let err = parse_due(Some("123456789012345678901234567890"), None).unwrap_err();
+        assert!(err.message.contains("out of range"), "{}", err.message);
+        let err = parse_due(None, Some("-1")).unwrap_err();
+        assert!(
+            err.message.contains("at -1 is before 1970"),
+            "{}",
+            err.message
+        );
+        let err = parse_due(None, Some("1969-07-20T20:17:00Z")).unwrap_err();
+        assert!(err.message.contains("before 1970"), "{}", err.message);
     }
 
     #[test]

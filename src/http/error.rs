@@ -56,6 +56,12 @@ impl ApiError {
     }
 }
 
+impl From<crate::job::DueError> for ApiError {
+    fn from(err: crate::job::DueError) -> Self {
+        Self::bad_request(err.to_string())
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
         match &err {

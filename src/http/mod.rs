@@ -29,7 +29,7 @@ use crate::store::Store;
 pub use error::ApiError;
 
 /// How long [`serve`] waits for open requests after shutdown was asked for.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+pub const SHUTDOWN_GRACE: Duration = crate::shutdown::HTTP_DRAIN;
 
 const DASHBOARD_HTML: &str = include_str!("dashboard.html");
 const OPENAPI_JSON: &str = include_str!("openapi.json");

@@ -9,6 +9,7 @@ use lapin::types::AMQPValue;
 use lapin::BasicProperties;
 
 use crate::amqp::{encode_meta, forwardable, headers, job_id, with_plugin_delay};
+use crate::job::float_millis;
 use crate::job::{Due, JobId, PutMode, Topic};
 use crate::store::{Limits, Op, PutRequest};
 
@@ -89,17 +90,21 @@ pub fn decode_parts(
             )))
         }
         (Some(delay), None) => {
-            let ms = millis(delay, headers::DELAY)?;
-            if ms > limits.max_delay_ms {
+            let (ms, given) = millis(delay, headers::DELAY)?;
+            let due = Due::delay(headers::DELAY, &given, ms).map_err(|e| invalid(e.to_string()))?;
+            if ms > i128::from(limits.max_delay_ms) {
                 return Err(invalid(format!(
-                    "{} of {ms} ms exceeds the maximum delay of {} ms",
+                    "{} {given} ms exceeds the maximum delay of {} ms",
                     headers::DELAY,
                     limits.max_delay_ms
                 )));
             }
-            Due::Delay(ms.max(0))
+            due
         }
-        (None, Some(at)) => Due::At(millis(at, headers::DELIVER_AT)?),
+        (None, Some(at)) => {
+            let (ms, given) = millis(at, headers::DELIVER_AT)?;
+            Due::at(headers::DELIVER_AT, &given, ms).map_err(|e| invalid(e.to_string()))?
+        }
         (None, None) => Due::NOW,
     };
     if body.len() > limits.max_body_bytes {
@@ -145,52 +150,46 @@ pub fn op_name(props: &BasicProperties) -> &'static str {
     }
 }
 
-/// Largest magnitude accepted for a time header: 16 digits keeps every value exact in
-/// Lua's doubles and in the scripts' argument checks.
-const MAX_TIME_MS: i64 = 9_999_999_999_999_999;
-
 /// Milliseconds from an integer of any AMQP width, a finite float (rounded up: a job
-/// is never due early), or a numeric string.
-fn millis(value: &AMQPValue, name: &str) -> Result<i64, Invalid> {
+/// is never due early), or a numeric string; with the value as the user wrote it, for
+/// messages. The range is checked by [`Due::delay`] / [`Due::at`].
+fn millis(value: &AMQPValue, name: &str) -> Result<(i128, String), Invalid> {
     let bad = || {
         invalid(format!(
             "{name} must be an integer number of milliseconds (or a numeric string), got {}",
             show(value)
         ))
     };
-    let ms = match value {
-        AMQPValue::ShortShortInt(v) => i64::from(*v),
-        AMQPValue::ShortShortUInt(v) => i64::from(*v),
-        AMQPValue::ShortInt(v) => i64::from(*v),
-        AMQPValue::ShortUInt(v) => i64::from(*v),
-        AMQPValue::LongInt(v) => i64::from(*v),
-        AMQPValue::LongUInt(v) => i64::from(*v),
-        AMQPValue::LongLongInt(v) => *v,
-        AMQPValue::Float(v) => float_millis(f64::from(*v)).ok_or_else(bad)?,
-        AMQPValue::Double(v) => float_millis(*v).ok_or_else(bad)?,
+    let int = |v: i64| Ok((i128::from(v), v.to_string()));
+    match value {
+        AMQPValue::ShortShortInt(v) => int(i64::from(*v)),
+        AMQPValue::ShortShortUInt(v) => int(i64::from(*v)),
+        AMQPValue::ShortInt(v) => int(i64::from(*v)),
+        AMQPValue::ShortUInt(v) => int(i64::from(*v)),
+        AMQPValue::LongInt(v) => int(i64::from(*v)),
+        AMQPValue::LongUInt(v) => int(i64::from(*v)),
+        AMQPValue::LongLongInt(v) => int(*v),
+        // Debug keeps a float short as written (`1e300`, `2.5`).
+        AMQPValue::Float(v) => Ok((
+            float_millis(f64::from(*v)).ok_or_else(bad)?,
+            format!("{v:?}"),
+        )),
+        AMQPValue::Double(v) => Ok((float_millis(*v).ok_or_else(bad)?, format!("{v:?}"))),
         AMQPValue::ShortString(_) | AMQPValue::LongString(_) => {
             let s = text(value).ok_or_else(bad)?;
             let s = s.trim();
-            match s.parse::<i64>() {
+            let ms = match s.parse::<i128>() {
                 Ok(v) => v,
                 Err(_) => s
                     .parse::<f64>()
                     .ok()
                     .and_then(float_millis)
                     .ok_or_else(bad)?,
-            }
+            };
+            Ok((ms, s.to_string()))
         }
-        _ => return Err(bad()),
-    };
-    if !(-MAX_TIME_MS..=MAX_TIME_MS).contains(&ms) {
-        return Err(invalid(format!("{name} of {ms} ms is out of range")));
+        _ => Err(bad()),
     }
-    Ok(ms)
-}
-
-fn float_millis(v: f64) -> Option<i64> {
-    // `as` saturates; the range check after it refuses what saturated.
-    v.is_finite().then(|| v.ceil() as i64)
 }
 
 fn text(value: &AMQPValue) -> Option<String> {
@@ -201,11 +200,37 @@ fn text(value: &AMQPValue) -> Option<String> {
     }
 }
 
+/// A non-string header value as a producer would name it (never the Rust debug form).
+fn show_typed(value: &AMQPValue) -> String {
+    match value {
+        AMQPValue::Boolean(v) => format!("the boolean {v}"),
+        AMQPValue::ShortShortInt(v) => v.to_string(),
+        AMQPValue::ShortShortUInt(v) => v.to_string(),
+        AMQPValue::ShortInt(v) => v.to_string(),
+        AMQPValue::ShortUInt(v) => v.to_string(),
+        AMQPValue::LongInt(v) => v.to_string(),
+        AMQPValue::LongUInt(v) => v.to_string(),
+        AMQPValue::LongLongInt(v) => v.to_string(),
+        AMQPValue::Float(v) => format!("{v:?}"),
+        AMQPValue::Double(v) => format!("{v:?}"),
+        AMQPValue::DecimalValue(d) => format!("a decimal ({} with scale {})", d.value, d.scale),
+        AMQPValue::Timestamp(v) => format!("the timestamp {v}"),
+        AMQPValue::FieldArray(a) => format!("an array of {}", a.as_slice().len()),
+        AMQPValue::FieldTable(t) => format!("a table of {}", t.inner().len()),
+        AMQPValue::ByteArray(b) => format!("a byte array of {}", b.as_slice().len()),
+        AMQPValue::Void => "an empty value".to_string(),
+        AMQPValue::ShortString(s) => format!("{:?}", s.as_str()),
+        AMQPValue::LongString(s) => format!("a {}-byte string", s.as_bytes().len()),
+    }
+}
+
 /// A short, printable rendering of a header value for error messages.
 fn show(value: &AMQPValue) -> String {
-    let shown = match text(value) {
-        Some(s) => format!("{s:?}"),
-        None => format!("{value:?}"),
+    let shown = match (text(value), value) {
+        (Some(s), _) => format!("{s:?}"),
+        // A string that is not UTF-8.
+        (None, AMQPValue::LongString(s)) => format!("a {}-byte binary string", s.as_bytes().len()),
+        (None, other) => show_typed(other),
     };
     if shown.len() > 80 {
         let cut = (0..=80)

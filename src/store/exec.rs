@@ -6,8 +6,8 @@
 //! runs global calls first, then the topic calls, each topic's in the order given:
 //! - standalone: one pipeline, one round trip;
 //! - cluster (which refuses pipelines that cross slots): one pipeline per topic, all
-//!   in flight at once; global calls one by one, routed by the cluster client
-//!   (`SCRIPT LOAD` goes to every primary).
+//!   in flight at once (a topic's lone call as a plain command); global calls one by
+//!   one, routed by the cluster client (`SCRIPT LOAD` goes to every primary).
 //!
 //! Each call gets its own result: one that Redis refused (a damaged topic, a script
 //! error) does not hide the others. An unreachable Redis fails the whole batch.
@@ -185,17 +185,25 @@ impl Executor {
         }
         let done = futures_util::future::join_all(groups.iter().map(|members| {
             let mut conn = self.conn.clone();
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for &i in members {
-                pipe.add_command(calls[i].cmd.clone());
+            async move {
+                // A lone call goes as a plain command: the cluster client follows
+                // MOVED/ASK and retries it on its own during a failover.
+                if let [i] = members[..] {
+                    return Ok(vec![calls[i].cmd.query_async::<Value>(&mut conn).await]);
+                }
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors();
+                for &i in members {
+                    pipe.add_command(calls[i].cmd.clone());
+                }
+                let values = pipe.query_async::<Vec<Value>>(&mut conn).await?;
+                Ok::<_, RedisError>(values.into_iter().map(own_result).collect())
             }
-            async move { pipe.query_async::<Vec<Value>>(&mut conn).await }
         }))
         .await;
-        for (members, values) in groups.iter().zip(done) {
-            for (&i, value) in members.iter().zip(values?) {
-                replies[i] = own_result(value);
+        for (members, results) in groups.iter().zip(done) {
+            for (&i, result) in members.iter().zip(results?) {
+                replies[i] = result;
             }
         }
         Ok(replies)

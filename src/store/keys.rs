@@ -31,10 +31,6 @@ impl KeySpace {
         Self { prefix }
     }
 
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
     pub fn topic(&self, topic: &Topic) -> TopicKeys {
         let base = format!("{}:{{{}}}", self.prefix, topic.as_str());
         TopicKeys([

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use check::{CheckReport, Problem, CHECK_STEP};
-pub use conn::{cluster_seeds, Conn, CLUSTER_SCHEME};
+pub use conn::cluster_seeds;
 pub use error::{RejectCode, Rejection, StoreError};
 use exec::Executor;
 pub use keys::{KeySpace, TopicKeys};
