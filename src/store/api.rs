@@ -12,8 +12,9 @@ use super::exec::Call;
 use super::reply::{optional_time, Reader};
 use super::scripts::Scripts;
 use super::types::{
-    Applied, Batch, JobInfo, JobState, Lease, Op, PutOutcome, PutRequest, PutStatus, Requeued,
-    ReservedJob, TopicStats, MAX_BATCH,
+    Applied, Batch, Command, Delivered, JobInfo, JobState, LastError, Lease, Op, PutOutcome,
+    PutRequest, PutStatus, Releasable, Requeued, ReservedJob, ScheduleSpec, StoreCommand,
+    TopicStats, MAX_BATCH,
 };
 use super::{Store, StoreError};
 use crate::job::{Due, JobId, PutMode, Topic};
@@ -23,6 +24,21 @@ impl Store {
     /// be said about the batch (Redis unreachable): the caller retries all of it, which
     /// is safe because applying a command twice in order leaves the same state.
     pub async fn apply(&self, ops: &[Op]) -> Result<Vec<Result<Applied, Rejection>>, StoreError> {
+        self.apply_any(ops).await
+    }
+
+    /// [`Store::apply`] for [`Command`]s: puts that may carry a schedule spec.
+    pub async fn apply_commands(
+        &self,
+        commands: &[Command],
+    ) -> Result<Vec<Result<Applied, Rejection>>, StoreError> {
+        self.apply_any(commands).await
+    }
+
+    async fn apply_any<C: StoreCommand>(
+        &self,
+        ops: &[C],
+    ) -> Result<Vec<Result<Applied, Rejection>>, StoreError> {
         if ops.is_empty() {
             return Ok(Vec::new());
         }
@@ -30,7 +46,7 @@ impl Store {
         // them; SADD of a known member is a no-op. Global calls run first.
         let mut new_topics: Vec<&str> = Vec::new();
         for op in ops {
-            if let Op::Put(put) = op {
+            if let Op::Put(put) = op.op() {
                 if !new_topics.contains(&put.topic.as_str()) {
                     new_topics.push(put.topic.as_str());
                 }
@@ -54,7 +70,7 @@ impl Store {
         ops.iter()
             .zip(replies)
             .map(|(op, reply)| match reply {
-                Ok(value) => Ok(Ok(decode_applied(op, value)?)),
+                Ok(value) => Ok(Ok(decode_applied(op.op(), value)?)),
                 Err(err) => match StoreError::from(err) {
                     StoreError::Rejected(rejection) => Ok(Err(rejection)),
                     other => Err(other),
@@ -63,9 +79,9 @@ impl Store {
             .collect()
     }
 
-    fn op_call(&self, op: &Op) -> Call {
+    fn op_call<C: StoreCommand>(&self, command: &C) -> Call {
         let scripts = self.exec.scripts();
-        match op {
+        match command.op() {
             Op::Put(put) => {
                 let (kind, when) = match put.due {
                     Due::Delay(ms) => ("delay", ms),
@@ -75,7 +91,7 @@ impl Store {
                     PutMode::Keep => "nx",
                     PutMode::Replace => "replace",
                 };
-                Scripts::call(&scripts.put, &put.topic, &self.keys.topic(&put.topic))
+                Scripts::call(&scripts.put, &put.topic, &self.keys)
                     .arg(put.id.as_str())
                     .arg(&put.body[..])
                     .arg(&put.meta[..])
@@ -85,10 +101,12 @@ impl Store {
                     .arg(self.limits.max_delay_ms)
                     .arg(self.limits.max_body_bytes)
                     .arg(self.keys.notify_channel())
+                    .arg(command.schedule().map_or("", ScheduleSpec::as_str))
+                    .arg(self.history_max)
             }
-            Op::Delete { topic, id } => {
-                Scripts::call(&scripts.delete, topic, &self.keys.topic(topic)).arg(id.as_str())
-            }
+            Op::Delete { topic, id } => Scripts::call(&scripts.delete, topic, &self.keys)
+                .arg(id.as_str())
+                .arg(self.history_max),
         }
     }
 
@@ -122,7 +140,7 @@ impl Store {
 
     fn reserve_call(&self, topic: &Topic, ttr: Duration, limit: usize) -> Call {
         let ttr_ms = u64::try_from(ttr.as_millis()).unwrap_or(u64::MAX).max(1);
-        Scripts::call(&self.exec.scripts().reserve, topic, &self.keys.topic(topic))
+        Scripts::call(&self.exec.scripts().reserve, topic, &self.keys)
             .arg(ttr_ms)
             .arg(limit.clamp(1, MAX_BATCH))
     }
@@ -167,6 +185,7 @@ impl Store {
                         next_due: None,
                         jobs: Vec::new(),
                         corrupt: Vec::new(),
+                        paused: false,
                     });
                 }
             }
@@ -187,28 +206,45 @@ impl Store {
 
     /// Takes up to `limit` due jobs and deletes them at once. See `lua/pull.lua`.
     pub async fn pull(&self, topic: &Topic, limit: usize) -> Result<Batch, StoreError> {
-        let call = Scripts::call(&self.exec.scripts().pull, topic, &self.keys.topic(topic))
-            .arg(limit.clamp(1, MAX_BATCH));
+        let call = Scripts::call(&self.exec.scripts().pull, topic, &self.keys)
+            .arg(limit.clamp(1, MAX_BATCH))
+            .arg(self.history_max);
         decode_batch("pull", self.exec.run_one(call).await?)
     }
 
     /// Deletes delivered jobs whose reservation is still current; returns how many.
     /// One round trip for any number of topics. Releasing twice is harmless (the second
-    /// finds nothing), so the executor's rerun after `NOSCRIPT` is safe.
+    /// finds nothing), so the executor's rerun after `NOSCRIPT` is safe. A recurring job
+    /// needs [`Store::release_delivered`] (`release.lua` refuses to end a series
+    /// silently, and refuses the whole call).
     pub async fn release(&self, leases: &[Lease]) -> Result<u64, StoreError> {
-        let mut by_topic: BTreeMap<&Topic, Vec<&Lease>> = BTreeMap::new();
-        for lease in leases {
-            by_topic.entry(&lease.topic).or_default().push(lease);
+        self.release_any(leases).await
+    }
+
+    /// Releases delivered jobs whose reservation is still current: deletes one-shot
+    /// jobs, and moves recurring ones to their next occurrence (or ends their series)
+    /// in the same atomic step, token-fenced; returns how many.
+    pub async fn release_delivered(&self, delivered: &[Delivered]) -> Result<u64, StoreError> {
+        self.release_any(delivered).await
+    }
+
+    async fn release_any<R: Releasable>(&self, leases: &[R]) -> Result<u64, StoreError> {
+        let mut by_topic: BTreeMap<&Topic, Vec<&R>> = BTreeMap::new();
+        for item in leases {
+            by_topic.entry(&item.lease().topic).or_default().push(item);
         }
         let mut calls = Vec::new();
-        for (topic, leases) in &by_topic {
-            for chunk in leases.chunks(MAX_BATCH) {
-                let mut call =
-                    Scripts::call(&self.exec.scripts().release, topic, &self.keys.topic(topic));
-                for lease in chunk {
-                    call = call.arg(lease.id.as_str()).arg(lease.token);
+        for (topic, items) in &by_topic {
+            for chunk in items.chunks(MAX_BATCH) {
+                let mut call = Scripts::call(&self.exec.scripts().release, topic, &self.keys);
+                for item in chunk {
+                    let lease = item.lease();
+                    call = call
+                        .arg(lease.id.as_str())
+                        .arg(item.next_due().lease_arg(lease.token));
                 }
-                calls.push(call);
+                // An odd argument count: the last one is history_max.
+                calls.push(call.arg(self.history_max));
             }
         }
         let mut total = 0;
@@ -222,7 +258,7 @@ impl Store {
     /// ours. See `lua/retry.lua`.
     pub async fn retry(&self, lease: &Lease, delay: Duration) -> Result<bool, StoreError> {
         let topic = &lease.topic;
-        let call = Scripts::call(&self.exec.scripts().retry, topic, &self.keys.topic(topic))
+        let call = Scripts::call(&self.exec.scripts().retry, topic, &self.keys)
             .arg(lease.id.as_str())
             .arg(lease.token)
             .arg(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
@@ -232,7 +268,7 @@ impl Store {
     }
 
     fn requeue_call(&self, topic: &Topic, limit: usize) -> Call {
-        Scripts::call(&self.exec.scripts().requeue, topic, &self.keys.topic(topic))
+        Scripts::call(&self.exec.scripts().requeue, topic, &self.keys)
             .arg(limit.clamp(1, MAX_BATCH))
             .arg(self.keys.notify_channel())
     }
@@ -269,8 +305,7 @@ impl Store {
 
     /// One job by id, or `None`. See `lua/get.lua`.
     pub async fn get(&self, topic: &Topic, id: &JobId) -> Result<Option<JobInfo>, StoreError> {
-        let call = Scripts::call(&self.exec.scripts().get, topic, &self.keys.topic(topic))
-            .arg(id.as_str());
+        let call = Scripts::call(&self.exec.scripts().get, topic, &self.keys).arg(id.as_str());
         let value = self.exec.run_one(call).await?;
         if value == Value::Nil {
             return Ok(None);
@@ -279,6 +314,7 @@ impl Store {
         let state = match reply.string("state")?.as_str() {
             "scheduled" => JobState::Scheduled,
             "reserved" => JobState::Reserved,
+            "parked" => JobState::Parked,
             "unindexed" => JobState::Unindexed,
             other => {
                 return Err(StoreError::bad_reply(
@@ -295,12 +331,15 @@ impl Store {
             deadline: optional_time(reply.int("deadline")?),
             meta: reply.bytes("meta")?,
             body: reply.bytes("body")?,
+            spec: non_empty(&reply.bytes("spec")?),
+            failures: u32::try_from(reply.int("failures")?).unwrap_or(u32::MAX),
+            last_error: last_error(&mut reply)?,
         }))
     }
 
     /// A topic's jobs counted by state. See `lua/stats.lua`.
     pub async fn stats(&self, topic: &Topic) -> Result<TopicStats, StoreError> {
-        let call = Scripts::call(&self.exec.scripts().stats, topic, &self.keys.topic(topic));
+        let call = Scripts::call(&self.exec.scripts().stats, topic, &self.keys);
         let mut reply = Reader::new("stats", self.exec.run_one(call).await?)?;
         let mut count = |what| reply.int(what).map(|n| u64::try_from(n).unwrap_or(0));
         Ok(TopicStats {
@@ -310,6 +349,10 @@ impl Store {
             reserved: count("reserved")?,
             expired: count("expired")?,
             records: count("records")?,
+            parked: count("parked")?,
+            paused: count("paused")? == 1,
+            failing: count("failing")?,
+            history: count("history")?,
         })
     }
 
@@ -320,7 +363,7 @@ impl Store {
         limit: usize,
         offset: usize,
     ) -> Result<Vec<(String, i64)>, StoreError> {
-        let call = Scripts::call(&self.exec.scripts().list, topic, &self.keys.topic(topic))
+        let call = Scripts::call(&self.exec.scripts().list, topic, &self.keys)
             .arg(limit.clamp(1, MAX_BATCH))
             .arg(offset);
         let mut reply = Reader::new("list", self.exec.run_one(call).await?)?;
@@ -337,8 +380,15 @@ impl Store {
             .iter()
             .map(|topic| {
                 let [scheduled, ..] = &self.keys.topic(topic).0;
-                let mut cmd = redis::cmd("ZRANGE");
-                cmd.arg(scheduled).arg(0).arg(0).arg("WITHSCORES");
+                // Parked jobs wait at 10^17 (lua/README.md): never a head to wake for.
+                let mut cmd = redis::cmd("ZRANGEBYSCORE");
+                cmd.arg(scheduled)
+                    .arg("-inf")
+                    .arg("(100000000000000000")
+                    .arg("WITHSCORES")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(1);
                 Call::on_topic(topic, cmd)
             })
             .collect();
@@ -488,16 +538,30 @@ fn decode_batch(script: &'static str, value: Value) -> Result<Batch, StoreError>
             token: u64::try_from(job.int("token")?).unwrap_or(0),
             meta: job.bytes("meta")?,
             body: job.bytes("body")?,
+            spec: non_empty(&job.bytes("spec")?),
         });
     }
     let mut corrupt_ids = reply.array("corrupt")?;
     while corrupt_ids.remaining() > 0 {
         corrupt.push(String::from_utf8_lossy(&corrupt_ids.bytes("corrupt id")?).into_owned());
     }
+    let paused = reply.int("paused")? == 1;
     Ok(Batch {
         now,
         next_due,
         jobs,
         corrupt,
+        paused,
     })
+}
+
+/// `''` means none in script replies.
+pub(super) fn non_empty(bytes: &[u8]) -> Option<String> {
+    (!bytes.is_empty()).then(|| String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// The `last_error`, `last_error_at` pair of get and list replies.
+pub(super) fn last_error(reply: &mut Reader) -> Result<Option<LastError>, StoreError> {
+    let reason = String::from_utf8_lossy(&reply.bytes("last_error")?).into_owned();
+    Ok(optional_time(reply.int("last_error_at")?).map(|at| LastError { reason, at }))
 }
