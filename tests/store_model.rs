@@ -125,7 +125,7 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(t, limit, short)| Step::Reserve { t, limit, short }),
         4 => (t.clone(), prop::collection::vec((id.clone(), token_pick()), 1..3), prop::bool::weighted(0.2))
             .prop_map(|(t, ids, end)| Step::Release { t, ids, end }),
-        2 => (t.clone(), id.clone(), token_pick())
+        4 => (t.clone(), id.clone(), token_pick())
             .prop_map(|(t, id, token)| Step::Fail { t, id, token }),
         1 => (t.clone(), prop::option::of(id.clone())).prop_map(|(t, id)| Step::Redrive { t, id }),
         1 => t.clone().prop_map(|t| Step::Pause { t }),
