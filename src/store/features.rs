@@ -172,7 +172,9 @@ impl Store {
             .arg(id.map_or("", JobId::as_str));
         let value = self.exec.run_one(call).await?;
         let mut entries = Vec::new();
-        for mut entry in Reader::new("history", value)?.arrays("entries")? {
+        let mut reply = Reader::new("history", value)?;
+        while reply.remaining() > 0 {
+            let mut entry = reply.array("entry")?;
             let at = entry.int("at")?;
             let name = entry.string("outcome")?;
             let outcome = Outcome::parse(&name)
@@ -209,7 +211,9 @@ impl Store {
             .arg("1");
         let value = self.exec.run_one(call).await?;
         let mut jobs = Vec::new();
-        for mut entry in Reader::new("list", value)?.arrays("jobs")? {
+        let mut reply = Reader::new("list", value)?;
+        while reply.remaining() > 0 {
+            let mut entry = reply.array("job")?;
             let id = String::from_utf8_lossy(&entry.bytes("id")?).into_owned();
             let due_at = entry.int("due_at")?;
             let state = match entry.string("state")?.as_str() {
