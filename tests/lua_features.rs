@@ -1317,8 +1317,8 @@ mod typed {
     use super::common;
     use redisched::job::{Due, JobId, PutMode, Topic};
     use redisched::store::{
-        Delivered, JobState, Lease, ListWhich, NextDue, Outcome, PutRequest, RejectCode,
-        RetryOutcome, ScheduleSpec, StoreError,
+        Delivered, JobState, Lease, ListWhich, NextDue, Outcome, PutRequest, RetryOutcome,
+        ScheduleSpec,
     };
     use std::time::Duration;
 
@@ -1345,6 +1345,10 @@ mod typed {
             .unwrap();
         store
             .put(request(&t, "o", Due::NOW, PutMode::Keep))
+            .await
+            .unwrap();
+        store
+            .put(request(&t, "p", Due::NOW, PutMode::Keep))
             .await
             .unwrap();
         store
@@ -1377,14 +1381,25 @@ mod typed {
             id: id.to_string(),
             token,
         };
-        // A series through the plain release is refused, whole call.
-        let err = store
-            .release(&[lease("o", one.token), lease("s", series.token)])
+        // A series through the plain release is refused (it stays reserved); the
+        // one-shot job of the same call is released all the same.
+        let plain = batch.jobs.iter().find(|j| j.id == "p").unwrap();
+        let released = store
+            .release(&[lease("p", plain.token), lease("s", series.token)])
             .await
-            .unwrap_err();
-        assert!(
-            matches!(err, StoreError::Rejected(ref r) if r.code == RejectCode::InvalidArgument)
-        );
+            .unwrap();
+        assert_eq!(released, 1);
+        let info = store
+            .get(&t, &JobId::new("s").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(info.state, JobState::Reserved);
+        assert!(store
+            .get(&t, &JobId::new("p").unwrap())
+            .await
+            .unwrap()
+            .is_none());
         // The one-shot job fails and parks (max 1); the series moves on.
         let parked = store
             .retry_failed(&lease("o", one.token), Duration::ZERO, "nack", 1)
@@ -1453,6 +1468,7 @@ mod typed {
                 (Outcome::Redriven, "o"),
                 (Outcome::Dispatched, "s"),
                 (Outcome::Parked, "o"),
+                (Outcome::Dispatched, "p"),
             ]
         );
         assert_eq!(history[1].detail, next.to_string());

@@ -215,8 +215,9 @@ impl Store {
     /// Deletes delivered jobs whose reservation is still current; returns how many.
     /// One round trip for any number of topics. Releasing twice is harmless (the second
     /// finds nothing), so the executor's rerun after `NOSCRIPT` is safe. A recurring job
-    /// needs [`Store::release_delivered`] (`release.lua` refuses to end a series
-    /// silently, and refuses the whole call).
+    /// needs [`Store::release_delivered`]: `release.lua` refuses to end a series
+    /// silently; such a refused job is logged and stays reserved (redelivered after its
+    /// time-to-run), and the other jobs of the call are released one by one.
     pub async fn release(&self, leases: &[Lease]) -> Result<u64, StoreError> {
         self.release_any(leases).await
     }
@@ -233,25 +234,52 @@ impl Store {
         for item in leases {
             by_topic.entry(&item.lease().topic).or_default().push(item);
         }
-        let mut calls = Vec::new();
-        for (topic, items) in &by_topic {
-            for chunk in items.chunks(MAX_BATCH) {
-                let mut call = Scripts::call(&self.exec.scripts().release, topic, &self.keys);
-                for item in chunk {
-                    let lease = item.lease();
-                    call = call
-                        .arg(lease.id.as_str())
-                        .arg(item.next_due().lease_arg(lease.token));
-                }
-                // An odd argument count: the last one is history_max.
-                calls.push(call.arg(self.history_max));
+        let chunks: Vec<&[&R]> = by_topic
+            .values()
+            .flat_map(|items| items.chunks(MAX_BATCH))
+            .collect();
+        let calls: Vec<Call> = chunks
+            .iter()
+            .map(|chunk| self.release_call(chunk))
+            .collect();
+        let mut total = 0;
+        let mut refused: Vec<&R> = Vec::new();
+        for (chunk, reply) in chunks.iter().zip(self.exec.run(&calls).await?) {
+            match released(reply)? {
+                Ok(count) => total += count,
+                // Redis refused the call as a whole (nothing in it changed): a recurring
+                // job released without its next due time, or damaged data. Retried one
+                // by one below, so the one refused entry keeps no other job reserved.
+                Err(_) if chunk.len() > 1 => refused.extend(chunk.iter().copied()),
+                Err(rejection) => log_refused_release(chunk[0], &rejection),
             }
         }
-        let mut total = 0;
-        for reply in self.exec.run(&calls).await? {
-            total += redis::from_redis_value::<u64>(reply?).unwrap_or(0);
+        if !refused.is_empty() {
+            let calls: Vec<Call> = refused
+                .iter()
+                .map(|item| self.release_call(std::slice::from_ref(item)))
+                .collect();
+            for (item, reply) in refused.iter().zip(self.exec.run(&calls).await?) {
+                match released(reply)? {
+                    Ok(count) => total += count,
+                    Err(rejection) => log_refused_release(*item, &rejection),
+                }
+            }
         }
         Ok(total)
+    }
+
+    fn release_call<R: Releasable>(&self, items: &[&R]) -> Call {
+        let topic = &items[0].lease().topic;
+        let mut call = Scripts::call(&self.exec.scripts().release, topic, &self.keys);
+        for item in items {
+            let lease = item.lease();
+            call = call
+                .arg(lease.id.as_str())
+                .arg(item.next_due().lease_arg(lease.token));
+        }
+        // An odd argument count: the last one is history_max.
+        call.arg(self.history_max)
     }
 
     /// Hands a reserved job back, due again after `delay`; `false` if it was no longer
@@ -458,6 +486,23 @@ impl Store {
         let _: String = self.exec.query(&redis::cmd("PING")).await?;
         Ok(())
     }
+}
+
+/// A release call's count, or Redis's refusal of it; an unavailable Redis is an error.
+fn released(reply: redis::RedisResult<Value>) -> Result<Result<u64, Rejection>, StoreError> {
+    match reply {
+        Ok(value) => Ok(Ok(redis::from_redis_value::<u64>(value).unwrap_or(0))),
+        Err(err) => match StoreError::from(err) {
+            StoreError::Rejected(rejection) => Ok(Err(rejection)),
+            other => Err(other),
+        },
+    }
+}
+
+/// The job stays reserved, so it is delivered again after its time-to-run.
+fn log_refused_release<R: Releasable>(item: &R, rejection: &Rejection) {
+    let lease = item.lease();
+    tracing::error!(topic = %lease.topic, id = %lease.id, %rejection, "release refused; the job stays reserved and is delivered again after its time-to-run (a recurring job needs its next due time)");
 }
 
 /// One topic's reply in a multi-topic call: `None` when Redis refused the call for this
