@@ -1310,3 +1310,185 @@ fn four_key_calls_keep_the_version_1_reply_shapes() {
     let pulled = t.run_with(&SCRIPTS, "pull", &keys4, &[b"10"]).unwrap();
     assert_eq!(arr(&pulled).len(), 4);
 }
+
+// ------------------------------------------------------------ the typed Store
+
+mod typed {
+    use super::common;
+    use redisched::job::{Due, JobId, PutMode, Topic};
+    use redisched::store::{
+        Delivered, JobState, Lease, ListWhich, NextDue, Outcome, PutRequest, RetryOutcome,
+        ScheduleSpec,
+    };
+    use std::time::Duration;
+
+    fn request(topic: &Topic, id: &str, due: Due, mode: PutMode) -> PutRequest {
+        PutRequest {
+            topic: topic.clone(),
+            id: JobId::new(id).unwrap(),
+            body: b"body".to_vec(),
+            meta: Vec::new(),
+            due,
+            mode,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_store_drives_series_failures_pauses_and_history() {
+        let store = common::test_store().await;
+        let t = Topic::new("typed").unwrap();
+        let other = Topic::new("typed.other").unwrap();
+        let spec = ScheduleSpec::every(60_000);
+        store
+            .put_recurring(request(&t, "s", Due::NOW, PutMode::Keep), spec.clone())
+            .await
+            .unwrap();
+        store
+            .put(request(&t, "o", Due::NOW, PutMode::Keep))
+            .await
+            .unwrap();
+        store
+            .put(request(&t, "p", Due::NOW, PutMode::Keep))
+            .await
+            .unwrap();
+        store
+            .put(request(&other, "x", Due::NOW, PutMode::Keep))
+            .await
+            .unwrap();
+
+        // Paused: a multi-topic reserve skips the topic and takes the other's job.
+        assert!(store.pause(&t).await.unwrap());
+        assert!(store.is_paused(&t).await.unwrap());
+        assert!(store.topics().await.unwrap().contains(&t));
+        let ttr = Duration::from_secs(60);
+        let batches = store
+            .reserve_many(&[t.clone(), other.clone()], ttr, 10)
+            .await
+            .unwrap();
+        assert!(batches[0].paused && batches[0].jobs.is_empty());
+        assert_eq!(batches[1].jobs.len(), 1);
+        assert!(store.stats(&t).await.unwrap().paused);
+        assert!(store.resume(&t).await.unwrap());
+        assert!(!store.is_paused(&t).await.unwrap());
+
+        let batch = store.reserve(&t, ttr, 10).await.unwrap();
+        let series = batch.jobs.iter().find(|j| j.id == "s").unwrap();
+        let one = batch.jobs.iter().find(|j| j.id == "o").unwrap();
+        assert_eq!(series.spec.as_deref(), Some(spec.as_str()));
+        assert_eq!(one.spec, None);
+        let lease = |id: &str, token| Lease {
+            topic: t.clone(),
+            id: id.to_string(),
+            token,
+        };
+        // A series through the plain release is refused (it stays reserved); the
+        // one-shot job of the same call is released all the same.
+        let plain = batch.jobs.iter().find(|j| j.id == "p").unwrap();
+        let released = store
+            .release(&[lease("p", plain.token), lease("s", series.token)])
+            .await
+            .unwrap();
+        assert_eq!(released, 1);
+        let info = store
+            .get(&t, &JobId::new("s").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(info.state, JobState::Reserved);
+        assert!(store
+            .get(&t, &JobId::new("p").unwrap())
+            .await
+            .unwrap()
+            .is_none());
+        // The one-shot job fails and parks (max 1); the series moves on.
+        let parked = store
+            .retry_failed(&lease("o", one.token), Duration::ZERO, "nack", 1)
+            .await
+            .unwrap();
+        assert_eq!(parked, RetryOutcome::Parked);
+        let next = batch.now + 60_000;
+        let released = store
+            .release_delivered(&[Delivered {
+                lease: lease("s", series.token),
+                next_due: NextDue::At(next),
+            }])
+            .await
+            .unwrap();
+        assert_eq!(released, 1);
+        let info = store
+            .get(&t, &JobId::new("s").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (info.state, info.due_at, info.attempts),
+            (JobState::Scheduled, next, 0)
+        );
+        let info = store
+            .get(&t, &JobId::new("o").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(info.state, JobState::Parked);
+        assert_eq!(
+            info.last_error.as_ref().map(|e| e.reason.as_str()),
+            Some("nack")
+        );
+
+        let parked_list = store.list_jobs(&t, ListWhich::Parked, 10, 0).await.unwrap();
+        assert_eq!(parked_list.len(), 1);
+        assert_eq!(
+            (parked_list[0].id.as_str(), parked_list[0].failures),
+            ("o", 1)
+        );
+        let waiting = store
+            .list_jobs(&t, ListWhich::Scheduled, 10, 0)
+            .await
+            .unwrap();
+        assert_eq!(waiting.len(), 1);
+        assert_eq!(waiting[0].spec.as_deref(), Some(spec.as_str()));
+        let stats = store.stats(&t).await.unwrap();
+        assert_eq!((stats.parked, stats.failing, stats.scheduled), (1, 1, 1));
+        assert_eq!(
+            store
+                .next_due_times(std::slice::from_ref(&t))
+                .await
+                .unwrap(),
+            [Some(next)]
+        );
+
+        let step = store.redrive_all(&t, 10).await.unwrap();
+        assert_eq!((step.moved, step.remaining), (1, 0));
+        let history = store.history(&t, None, 10).await.unwrap();
+        let outcomes: Vec<(Outcome, &str)> =
+            history.iter().map(|h| (h.outcome, h.id.as_str())).collect();
+        assert_eq!(
+            outcomes,
+            [
+                (Outcome::Redriven, "o"),
+                (Outcome::Dispatched, "s"),
+                (Outcome::Parked, "o"),
+                (Outcome::Dispatched, "p"),
+            ]
+        );
+        assert_eq!(history[1].detail, next.to_string());
+        let of_s = store
+            .history(&t, Some(&JobId::new("s").unwrap()), 10)
+            .await
+            .unwrap();
+        assert_eq!(of_s.len(), 1);
+
+        // history_max 0: outcomes happen, nothing is logged.
+        let quiet = common::test_store().await;
+        let quiet_store = quiet.store.clone().with_history_max(0);
+        quiet_store
+            .put(request(&t, "q", Due::NOW, PutMode::Keep))
+            .await
+            .unwrap();
+        assert!(quiet_store
+            .delete(&t, &JobId::new("q").unwrap())
+            .await
+            .unwrap());
+        assert!(quiet_store.history(&t, None, 10).await.unwrap().is_empty());
+    }
+}

@@ -1,11 +1,15 @@
-//! Model-based property test of the store: random sequences of put (nx and replace),
-//! delete, reserve, release (current or stale token), retry, requeue and pull over a
-//! few ids in two topics, run against the real Redis and an in-memory model.
+//! Model-based property test of the store: random sequences of put (nx and replace,
+//! one-shot or recurring), delete, reserve, release (current or stale token; a series
+//! moves to its next occurrence or ends), retry, failed publishes that park a job at
+//! `MAX_ATTEMPTS`, redrive, pause and resume, requeue and pull over a few ids in two
+//! topics, run against the real Redis and an in-memory model.
 //!
 //! After every step, raw Redis commands check the store's invariant (an id is in the
-//! jobs hash exactly when it is in exactly one of `scheduled`, `reserved`) and that
-//! each set holds exactly the ids the model expects; every reply is checked against
-//! the model (status, removed flag, release counts, attempts, bodies).
+//! jobs hash exactly when it is in exactly one of `scheduled`, `reserved`; parked jobs
+//! are in `scheduled` at the parking score; `failing` holds exactly the jobs with a
+//! recorded failure) and that each set holds exactly the ids the model expects; every
+//! reply is checked against the model (status, removed flag, release counts, attempts,
+//! failures, state, spec, bodies, paused batches).
 //!
 //! Time cannot be controlled, so the model only uses due times that are certain:
 //! "now" (delay 0) or "far later" (60 s, never due within a case). Reservations are
@@ -21,14 +25,19 @@ use std::time::Duration;
 use proptest::prelude::*;
 use redis::Commands;
 use redisched::job::{Due, JobId, PutMode, Topic};
-use redisched::store::{JobState, PutStatus};
-use redisched::store::{Lease, PutRequest, Store};
+use redisched::store::{
+    Delivered, JobState, Lease, NextDue, PutRequest, PutStatus, RetryOutcome, ScheduleSpec, Store,
+};
 
 const TOPICS: [&str; 2] = ["m.one", "m.two"];
 const IDS: [&str; 3] = ["a", "b", "c"];
 const LATER_MS: i64 = 60_000;
 const LONG_TTR: Duration = Duration::from_secs(60);
 const SHORT_TTR: Duration = Duration::from_millis(1);
+/// Failed publishes after which a job is parked.
+const MAX_ATTEMPTS: u32 = 2;
+/// Where parked jobs wait in `scheduled` (lua/README.md, "Parked jobs").
+const PARKED_SCORE: f64 = 1e17;
 
 #[derive(Debug, Clone, Copy)]
 enum TokenPick {
@@ -47,6 +56,7 @@ enum Step {
         replace: bool,
         later: bool,
         body: u8,
+        series: bool,
     },
     Delete {
         t: usize,
@@ -60,6 +70,25 @@ enum Step {
     Release {
         t: usize,
         ids: Vec<(usize, TokenPick)>,
+        /// Recurring jobs among them end their series instead of moving on.
+        end: bool,
+    },
+    /// A failed publish, recorded; parks the job at `MAX_ATTEMPTS`.
+    Fail {
+        t: usize,
+        id: usize,
+        token: TokenPick,
+    },
+    Redrive {
+        t: usize,
+        /// One id, or all parked jobs of the topic.
+        id: Option<usize>,
+    },
+    Pause {
+        t: usize,
+    },
+    Resume {
+        t: usize,
     },
     Retry {
         t: usize,
@@ -89,13 +118,18 @@ fn step() -> impl Strategy<Value = Step> {
     let t = 0..TOPICS.len();
     let id = 0..IDS.len();
     prop_oneof![
-        5 => (t.clone(), id.clone(), any::<bool>(), prop::bool::weighted(0.25), any::<u8>())
-            .prop_map(|(t, id, replace, later, body)| Step::Put { t, id, replace, later, body }),
+        5 => (t.clone(), id.clone(), any::<bool>(), prop::bool::weighted(0.25), any::<u8>(), prop::bool::weighted(0.3))
+            .prop_map(|(t, id, replace, later, body, series)| Step::Put { t, id, replace, later, body, series }),
         1 => (t.clone(), id.clone()).prop_map(|(t, id)| Step::Delete { t, id }),
         4 => (t.clone(), 1..4usize, prop::bool::weighted(0.4))
             .prop_map(|(t, limit, short)| Step::Reserve { t, limit, short }),
-        4 => (t.clone(), prop::collection::vec((id.clone(), token_pick()), 1..3))
-            .prop_map(|(t, ids)| Step::Release { t, ids }),
+        4 => (t.clone(), prop::collection::vec((id.clone(), token_pick()), 1..3), prop::bool::weighted(0.2))
+            .prop_map(|(t, ids, end)| Step::Release { t, ids, end }),
+        4 => (t.clone(), id.clone(), token_pick())
+            .prop_map(|(t, id, token)| Step::Fail { t, id, token }),
+        1 => (t.clone(), prop::option::of(id.clone())).prop_map(|(t, id)| Step::Redrive { t, id }),
+        1 => t.clone().prop_map(|t| Step::Pause { t }),
+        1 => t.clone().prop_map(|t| Step::Resume { t }),
         2 => (t.clone(), id.clone(), token_pick(), prop::bool::weighted(0.3))
             .prop_map(|(t, id, token, later)| Step::Retry { t, id, token, later }),
         2 => (t.clone(), 1..4usize).prop_map(|(t, limit)| Step::Requeue { t, limit }),
@@ -107,6 +141,7 @@ fn step() -> impl Strategy<Value = Step> {
 enum Place {
     Scheduled { due_now: bool },
     Reserved { token: u64, short: bool },
+    Parked,
 }
 
 #[derive(Debug, Clone)]
@@ -114,6 +149,10 @@ struct MJob {
     place: Place,
     attempts: u32,
     body: Vec<u8>,
+    /// A recurring job (put with a schedule spec).
+    series: bool,
+    /// Failed publishes recorded (of this occurrence).
+    failures: u32,
 }
 
 #[derive(Debug, Default)]
@@ -123,6 +162,7 @@ struct Model {
     tokens: BTreeMap<(usize, usize), Vec<u64>>,
     /// Highest token seen per topic: new ones must be larger (unique per topic).
     max_token: [u64; 2],
+    paused: [bool; 2],
 }
 
 impl Model {
@@ -143,7 +183,11 @@ impl Model {
         matches!(self.jobs.get(&key), Some(MJob { place: Place::Reserved { token: current, .. }, .. }) if *current == token)
     }
 
+    /// What reserve or pull may take: nothing while the topic is paused.
     fn due(&self, t: usize) -> BTreeSet<usize> {
+        if self.paused[t] {
+            return BTreeSet::new();
+        }
         self.jobs
             .iter()
             .filter(|((jt, _), job)| *jt == t && job.place == Place::Scheduled { due_now: true })
@@ -160,6 +204,10 @@ impl Model {
             .map(|((_, id), _)| *id)
             .collect()
     }
+}
+
+fn spec() -> ScheduleSpec {
+    ScheduleSpec::every(LATER_MS as u64)
 }
 
 fn body_of(seed: u8) -> Vec<u8> {
@@ -185,6 +233,7 @@ async fn run_step(
             replace,
             later,
             body,
+            series,
         } => {
             let key = (*t, *id);
             let request = PutRequest {
@@ -203,14 +252,18 @@ async fn run_step(
                     PutMode::Keep
                 },
             };
-            let outcome = store
-                .put(request)
-                .await
-                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let outcome = if *series {
+                store.put_recurring(request, spec()).await
+            } else {
+                store.put(request).await
+            }
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
             let fresh = MJob {
                 place: Place::Scheduled { due_now: !*later },
                 attempts: 0,
                 body: body_of(*body),
+                series: *series,
+                failures: 0,
             };
             let expected = match (model.jobs.contains_key(&key), *replace) {
                 (false, _) => {
@@ -241,6 +294,7 @@ async fn run_step(
             let due = model.due(*t);
             prop_assert_eq!(batch.jobs.len(), due.len().min(*limit));
             prop_assert!(batch.corrupt.is_empty());
+            prop_assert_eq!(batch.paused, model.paused[*t]);
             for job in &batch.jobs {
                 let id = id_index(&job.id);
                 prop_assert!(due.contains(&id), "{} was not due", job.id);
@@ -253,6 +307,7 @@ async fn run_step(
                 let entry = model.jobs.get_mut(&(*t, id)).unwrap();
                 prop_assert_eq!(job.attempt, entry.attempts + 1);
                 prop_assert_eq!(&job.body, &entry.body);
+                prop_assert_eq!(job.spec.is_some(), entry.series);
                 entry.attempts += 1;
                 entry.place = Place::Reserved {
                     token: job.token,
@@ -264,29 +319,131 @@ async fn run_step(
                 prop_assert!(batch.next_due.is_some_and(|d| d <= batch.now));
             }
         }
-        Step::Release { t, ids } => {
-            let mut leases = Vec::new();
+        Step::Release { t, ids, end } => {
+            // A next occurrence certainly after the server's now, never due in a case.
+            let next = store
+                .server_time()
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?
+                + LATER_MS;
+            let mut delivered = Vec::new();
             let mut expected = 0;
             let mut seen = BTreeSet::new();
             for (id, pick) in ids {
                 let token = model.resolve((*t, *id), *pick);
-                leases.push(Lease {
-                    topic: topics[*t].clone(),
-                    id: IDS[*id].to_string(),
-                    token,
+                let series = model.jobs.get(&(*t, *id)).is_some_and(|j| j.series);
+                delivered.push(Delivered {
+                    lease: Lease {
+                        topic: topics[*t].clone(),
+                        id: IDS[*id].to_string(),
+                        token,
+                    },
+                    next_due: match (series, *end) {
+                        (false, _) => NextDue::OneShot,
+                        (true, false) => NextDue::At(next),
+                        (true, true) => NextDue::End,
+                    },
                 });
                 if model.holds((*t, *id), token) && seen.insert(*id) {
                     expected += 1;
                 }
             }
-            let released = store
-                .release(&leases)
-                .await
-                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let released = if delivered.iter().all(|d| d.next_due == NextDue::OneShot) {
+                // The plain path, as a bridge without series uses it.
+                let leases: Vec<Lease> = delivered.into_iter().map(|d| d.lease).collect();
+                store.release(&leases).await
+            } else {
+                store.release_delivered(&delivered).await
+            }
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(released, expected);
             for id in seen {
-                model.jobs.remove(&(*t, id));
+                let job = model.jobs.get_mut(&(*t, id)).unwrap();
+                if job.series && !*end {
+                    // The series moves on: next occurrence, attempts and failures reset.
+                    job.place = Place::Scheduled { due_now: false };
+                    job.attempts = 0;
+                    job.failures = 0;
+                } else {
+                    model.jobs.remove(&(*t, id));
+                }
             }
+        }
+        Step::Fail { t, id, token } => {
+            let token = model.resolve((*t, *id), *token);
+            let lease = Lease {
+                topic: topics[*t].clone(),
+                id: IDS[*id].to_string(),
+                token,
+            };
+            let outcome = store
+                .retry_failed(&lease, Duration::ZERO, "unroutable: NO_ROUTE", MAX_ATTEMPTS)
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            if !model.holds((*t, *id), token) {
+                prop_assert_eq!(outcome, RetryOutcome::Stale);
+            } else {
+                let job = model.jobs.get_mut(&(*t, *id)).unwrap();
+                job.failures += 1;
+                if job.failures >= MAX_ATTEMPTS {
+                    prop_assert_eq!(outcome, RetryOutcome::Parked);
+                    job.place = Place::Parked;
+                } else {
+                    prop_assert_eq!(outcome, RetryOutcome::Retried);
+                    job.place = Place::Scheduled { due_now: true };
+                }
+            }
+        }
+        Step::Redrive { t, id } => {
+            let parked = |model: &Model, id: usize| {
+                model
+                    .jobs
+                    .get(&(*t, id))
+                    .is_some_and(|j| j.place == Place::Parked)
+            };
+            let moved: Vec<usize> = match id {
+                Some(id) => {
+                    let done = store
+                        .redrive(&topics[*t], &JobId::new(IDS[*id]).unwrap())
+                        .await
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    prop_assert_eq!(done, parked(model, *id));
+                    if done {
+                        vec![*id]
+                    } else {
+                        vec![]
+                    }
+                }
+                None => {
+                    let all: Vec<usize> = (0..IDS.len()).filter(|&i| parked(model, i)).collect();
+                    let count = store
+                        .redrive_topic(&topics[*t])
+                        .await
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    prop_assert_eq!(count as usize, all.len());
+                    all
+                }
+            };
+            for id in moved {
+                // Due now, attempts and failures kept.
+                model.jobs.get_mut(&(*t, id)).unwrap().place = Place::Scheduled { due_now: true };
+            }
+        }
+        Step::Pause { t } => {
+            let changed = store
+                .pause(&topics[*t])
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(changed, !model.paused[*t]);
+            model.paused[*t] = true;
+        }
+        Step::Resume { t } => {
+            let changed = store
+                .resume(&topics[*t])
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(changed, model.paused[*t]);
+            model.paused[*t] = false;
         }
         Step::Retry {
             t,
@@ -350,6 +507,7 @@ async fn run_step(
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             let due = model.due(*t);
             prop_assert_eq!(batch.jobs.len(), due.len().min(*limit));
+            prop_assert_eq!(batch.paused, model.paused[*t]);
             for job in &batch.jobs {
                 let id = id_index(&job.id);
                 prop_assert!(due.contains(&id));
@@ -367,8 +525,10 @@ async fn run_step(
 async fn check(store: &Store, topics: &[Topic], model: &Model) -> Result<(), TestCaseError> {
     let mut raw = common::raw_redis();
     for (t, topic) in topics.iter().enumerate() {
-        let keys = store.keys().topic(topic).0;
+        let keys = store.keys().all(topic);
         let scheduled: BTreeSet<String> = raw.zrange(&keys[0], 0, -1).unwrap();
+        let parked: BTreeSet<String> = raw.zrangebyscore(&keys[0], PARKED_SCORE, "+inf").unwrap();
+        let failing: BTreeSet<String> = raw.zrange(&keys[7], 0, -1).unwrap();
         let reserved: BTreeSet<String> = raw.zrange(&keys[1], 0, -1).unwrap();
         let records: BTreeSet<String> = raw.hkeys(&keys[2]).unwrap();
         prop_assert!(
@@ -391,6 +551,36 @@ async fn check(store: &Store, topics: &[Topic], model: &Model) -> Result<(), Tes
         };
         prop_assert_eq!(&scheduled, &expect(false), "scheduled set of {}", topic);
         prop_assert_eq!(&reserved, &expect(true), "reserved set of {}", topic);
+        let of_model = |keep: &dyn Fn(&MJob) -> bool| -> BTreeSet<String> {
+            model
+                .jobs
+                .iter()
+                .filter(|((jt, _), j)| *jt == t && keep(j))
+                .map(|((_, id), _)| IDS[*id].to_string())
+                .collect()
+        };
+        prop_assert_eq!(
+            &parked,
+            &of_model(&|j| j.place == Place::Parked),
+            "parked of {}",
+            topic
+        );
+        prop_assert_eq!(
+            &failing,
+            &of_model(&|j| j.failures > 0),
+            "failing of {}",
+            topic
+        );
+        let stats = store
+            .stats(topic)
+            .await
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(
+            stats.records,
+            stats.scheduled + stats.reserved + stats.parked
+        );
+        prop_assert_eq!(stats.paused, model.paused[t]);
+        prop_assert_eq!(stats.parked as usize, parked.len());
 
         for (id, name) in IDS.iter().enumerate() {
             let info = store
@@ -402,12 +592,16 @@ async fn check(store: &Store, topics: &[Topic], model: &Model) -> Result<(), Tes
                 (Some(job), Some(info)) => {
                     prop_assert_eq!(info.attempts, job.attempts);
                     prop_assert_eq!(&info.body, &job.body);
+                    prop_assert_eq!(info.spec.is_some(), job.series);
+                    prop_assert_eq!(info.failures, job.failures);
+                    prop_assert_eq!(info.last_error.is_some(), job.failures > 0);
                     match job.place {
                         Place::Reserved { token, .. } => {
                             prop_assert_eq!(info.state, JobState::Reserved);
                             prop_assert_eq!(info.token, token);
                         }
                         Place::Scheduled { .. } => prop_assert_eq!(info.state, JobState::Scheduled),
+                        Place::Parked => prop_assert_eq!(info.state, JobState::Parked),
                     }
                 }
                 (job, info) => prop_assert!(false, "{topic}/{name}: model {job:?}, store {info:?}"),

@@ -12,8 +12,9 @@ use super::exec::Call;
 use super::reply::{optional_time, Reader};
 use super::scripts::Scripts;
 use super::types::{
-    Applied, Batch, JobInfo, JobState, Lease, Op, PutOutcome, PutRequest, PutStatus, Requeued,
-    ReservedJob, TopicStats, MAX_BATCH,
+    Applied, Batch, Command, Delivered, JobInfo, JobState, LastError, Lease, Op, PutOutcome,
+    PutRequest, PutStatus, Releasable, Requeued, ReservedJob, ScheduleSpec, StoreCommand,
+    TopicStats, MAX_BATCH,
 };
 use super::{Store, StoreError};
 use crate::job::{Due, JobId, PutMode, Topic};
@@ -23,6 +24,21 @@ impl Store {
     /// be said about the batch (Redis unreachable): the caller retries all of it, which
     /// is safe because applying a command twice in order leaves the same state.
     pub async fn apply(&self, ops: &[Op]) -> Result<Vec<Result<Applied, Rejection>>, StoreError> {
+        self.apply_any(ops).await
+    }
+
+    /// [`Store::apply`] for [`Command`]s: puts that may carry a schedule spec.
+    pub async fn apply_commands(
+        &self,
+        commands: &[Command],
+    ) -> Result<Vec<Result<Applied, Rejection>>, StoreError> {
+        self.apply_any(commands).await
+    }
+
+    async fn apply_any<C: StoreCommand>(
+        &self,
+        ops: &[C],
+    ) -> Result<Vec<Result<Applied, Rejection>>, StoreError> {
         if ops.is_empty() {
             return Ok(Vec::new());
         }
@@ -30,7 +46,7 @@ impl Store {
         // them; SADD of a known member is a no-op. Global calls run first.
         let mut new_topics: Vec<&str> = Vec::new();
         for op in ops {
-            if let Op::Put(put) = op {
+            if let Op::Put(put) = op.op() {
                 if !new_topics.contains(&put.topic.as_str()) {
                     new_topics.push(put.topic.as_str());
                 }
@@ -54,7 +70,7 @@ impl Store {
         ops.iter()
             .zip(replies)
             .map(|(op, reply)| match reply {
-                Ok(value) => Ok(Ok(decode_applied(op, value)?)),
+                Ok(value) => Ok(Ok(decode_applied(op.op(), value)?)),
                 Err(err) => match StoreError::from(err) {
                     StoreError::Rejected(rejection) => Ok(Err(rejection)),
                     other => Err(other),
@@ -63,9 +79,9 @@ impl Store {
             .collect()
     }
 
-    fn op_call(&self, op: &Op) -> Call {
+    fn op_call<C: StoreCommand>(&self, command: &C) -> Call {
         let scripts = self.exec.scripts();
-        match op {
+        match command.op() {
             Op::Put(put) => {
                 let (kind, when) = match put.due {
                     Due::Delay(ms) => ("delay", ms),
@@ -75,7 +91,7 @@ impl Store {
                     PutMode::Keep => "nx",
                     PutMode::Replace => "replace",
                 };
-                Scripts::call(&scripts.put, &put.topic, &self.keys.topic(&put.topic))
+                Scripts::call(&scripts.put, &put.topic, &self.keys)
                     .arg(put.id.as_str())
                     .arg(&put.body[..])
                     .arg(&put.meta[..])
@@ -85,10 +101,12 @@ impl Store {
                     .arg(self.limits.max_delay_ms)
                     .arg(self.limits.max_body_bytes)
                     .arg(self.keys.notify_channel())
+                    .arg(command.schedule().map_or("", ScheduleSpec::as_str))
+                    .arg(self.history_max)
             }
-            Op::Delete { topic, id } => {
-                Scripts::call(&scripts.delete, topic, &self.keys.topic(topic)).arg(id.as_str())
-            }
+            Op::Delete { topic, id } => Scripts::call(&scripts.delete, topic, &self.keys)
+                .arg(id.as_str())
+                .arg(self.history_max),
         }
     }
 
@@ -122,7 +140,7 @@ impl Store {
 
     fn reserve_call(&self, topic: &Topic, ttr: Duration, limit: usize) -> Call {
         let ttr_ms = u64::try_from(ttr.as_millis()).unwrap_or(u64::MAX).max(1);
-        Scripts::call(&self.exec.scripts().reserve, topic, &self.keys.topic(topic))
+        Scripts::call(&self.exec.scripts().reserve, topic, &self.keys)
             .arg(ttr_ms)
             .arg(limit.clamp(1, MAX_BATCH))
     }
@@ -167,6 +185,7 @@ impl Store {
                         next_due: None,
                         jobs: Vec::new(),
                         corrupt: Vec::new(),
+                        paused: false,
                     });
                 }
             }
@@ -187,42 +206,87 @@ impl Store {
 
     /// Takes up to `limit` due jobs and deletes them at once. See `lua/pull.lua`.
     pub async fn pull(&self, topic: &Topic, limit: usize) -> Result<Batch, StoreError> {
-        let call = Scripts::call(&self.exec.scripts().pull, topic, &self.keys.topic(topic))
-            .arg(limit.clamp(1, MAX_BATCH));
+        let call = Scripts::call(&self.exec.scripts().pull, topic, &self.keys)
+            .arg(limit.clamp(1, MAX_BATCH))
+            .arg(self.history_max);
         decode_batch("pull", self.exec.run_one(call).await?)
     }
 
     /// Deletes delivered jobs whose reservation is still current; returns how many.
     /// One round trip for any number of topics. Releasing twice is harmless (the second
-    /// finds nothing), so the executor's rerun after `NOSCRIPT` is safe.
+    /// finds nothing), so the executor's rerun after `NOSCRIPT` is safe. A recurring job
+    /// needs [`Store::release_delivered`]: `release.lua` refuses to end a series
+    /// silently; such a refused job is logged and stays reserved (redelivered after its
+    /// time-to-run), and the other jobs of the call are released one by one.
     pub async fn release(&self, leases: &[Lease]) -> Result<u64, StoreError> {
-        let mut by_topic: BTreeMap<&Topic, Vec<&Lease>> = BTreeMap::new();
-        for lease in leases {
-            by_topic.entry(&lease.topic).or_default().push(lease);
+        self.release_any(leases).await
+    }
+
+    /// Releases delivered jobs whose reservation is still current: deletes one-shot
+    /// jobs, and moves recurring ones to their next occurrence (or ends their series)
+    /// in the same atomic step, token-fenced; returns how many.
+    pub async fn release_delivered(&self, delivered: &[Delivered]) -> Result<u64, StoreError> {
+        self.release_any(delivered).await
+    }
+
+    async fn release_any<R: Releasable>(&self, leases: &[R]) -> Result<u64, StoreError> {
+        let mut by_topic: BTreeMap<&Topic, Vec<&R>> = BTreeMap::new();
+        for item in leases {
+            by_topic.entry(&item.lease().topic).or_default().push(item);
         }
-        let mut calls = Vec::new();
-        for (topic, leases) in &by_topic {
-            for chunk in leases.chunks(MAX_BATCH) {
-                let mut call =
-                    Scripts::call(&self.exec.scripts().release, topic, &self.keys.topic(topic));
-                for lease in chunk {
-                    call = call.arg(lease.id.as_str()).arg(lease.token);
-                }
-                calls.push(call);
+        let chunks: Vec<&[&R]> = by_topic
+            .values()
+            .flat_map(|items| items.chunks(MAX_BATCH))
+            .collect();
+        let calls: Vec<Call> = chunks
+            .iter()
+            .map(|chunk| self.release_call(chunk))
+            .collect();
+        let mut total = 0;
+        let mut refused: Vec<&R> = Vec::new();
+        for (chunk, reply) in chunks.iter().zip(self.exec.run(&calls).await?) {
+            match released(reply)? {
+                Ok(count) => total += count,
+                // Redis refused the call as a whole (nothing in it changed): a recurring
+                // job released without its next due time, or damaged data. Retried one
+                // by one below, so the one refused entry keeps no other job reserved.
+                Err(_) if chunk.len() > 1 => refused.extend(chunk.iter().copied()),
+                Err(rejection) => log_refused_release(chunk[0], &rejection),
             }
         }
-        let mut total = 0;
-        for reply in self.exec.run(&calls).await? {
-            total += redis::from_redis_value::<u64>(reply?).unwrap_or(0);
+        if !refused.is_empty() {
+            let calls: Vec<Call> = refused
+                .iter()
+                .map(|item| self.release_call(std::slice::from_ref(item)))
+                .collect();
+            for (item, reply) in refused.iter().zip(self.exec.run(&calls).await?) {
+                match released(reply)? {
+                    Ok(count) => total += count,
+                    Err(rejection) => log_refused_release(*item, &rejection),
+                }
+            }
         }
         Ok(total)
+    }
+
+    fn release_call<R: Releasable>(&self, items: &[&R]) -> Call {
+        let topic = &items[0].lease().topic;
+        let mut call = Scripts::call(&self.exec.scripts().release, topic, &self.keys);
+        for item in items {
+            let lease = item.lease();
+            call = call
+                .arg(lease.id.as_str())
+                .arg(item.next_due().lease_arg(lease.token));
+        }
+        // An odd argument count: the last one is history_max.
+        call.arg(self.history_max)
     }
 
     /// Hands a reserved job back, due again after `delay`; `false` if it was no longer
     /// ours. See `lua/retry.lua`.
     pub async fn retry(&self, lease: &Lease, delay: Duration) -> Result<bool, StoreError> {
         let topic = &lease.topic;
-        let call = Scripts::call(&self.exec.scripts().retry, topic, &self.keys.topic(topic))
+        let call = Scripts::call(&self.exec.scripts().retry, topic, &self.keys)
             .arg(lease.id.as_str())
             .arg(lease.token)
             .arg(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
@@ -232,7 +296,7 @@ impl Store {
     }
 
     fn requeue_call(&self, topic: &Topic, limit: usize) -> Call {
-        Scripts::call(&self.exec.scripts().requeue, topic, &self.keys.topic(topic))
+        Scripts::call(&self.exec.scripts().requeue, topic, &self.keys)
             .arg(limit.clamp(1, MAX_BATCH))
             .arg(self.keys.notify_channel())
     }
@@ -269,8 +333,7 @@ impl Store {
 
     /// One job by id, or `None`. See `lua/get.lua`.
     pub async fn get(&self, topic: &Topic, id: &JobId) -> Result<Option<JobInfo>, StoreError> {
-        let call = Scripts::call(&self.exec.scripts().get, topic, &self.keys.topic(topic))
-            .arg(id.as_str());
+        let call = Scripts::call(&self.exec.scripts().get, topic, &self.keys).arg(id.as_str());
         let value = self.exec.run_one(call).await?;
         if value == Value::Nil {
             return Ok(None);
@@ -279,6 +342,7 @@ impl Store {
         let state = match reply.string("state")?.as_str() {
             "scheduled" => JobState::Scheduled,
             "reserved" => JobState::Reserved,
+            "parked" => JobState::Parked,
             "unindexed" => JobState::Unindexed,
             other => {
                 return Err(StoreError::bad_reply(
@@ -295,12 +359,15 @@ impl Store {
             deadline: optional_time(reply.int("deadline")?),
             meta: reply.bytes("meta")?,
             body: reply.bytes("body")?,
+            spec: non_empty(&reply.bytes("spec")?),
+            failures: u32::try_from(reply.int("failures")?).unwrap_or(u32::MAX),
+            last_error: last_error(&mut reply)?,
         }))
     }
 
     /// A topic's jobs counted by state. See `lua/stats.lua`.
     pub async fn stats(&self, topic: &Topic) -> Result<TopicStats, StoreError> {
-        let call = Scripts::call(&self.exec.scripts().stats, topic, &self.keys.topic(topic));
+        let call = Scripts::call(&self.exec.scripts().stats, topic, &self.keys);
         let mut reply = Reader::new("stats", self.exec.run_one(call).await?)?;
         let mut count = |what| reply.int(what).map(|n| u64::try_from(n).unwrap_or(0));
         Ok(TopicStats {
@@ -310,6 +377,10 @@ impl Store {
             reserved: count("reserved")?,
             expired: count("expired")?,
             records: count("records")?,
+            parked: count("parked")?,
+            paused: count("paused")? == 1,
+            failing: count("failing")?,
+            history: count("history")?,
         })
     }
 
@@ -320,7 +391,7 @@ impl Store {
         limit: usize,
         offset: usize,
     ) -> Result<Vec<(String, i64)>, StoreError> {
-        let call = Scripts::call(&self.exec.scripts().list, topic, &self.keys.topic(topic))
+        let call = Scripts::call(&self.exec.scripts().list, topic, &self.keys)
             .arg(limit.clamp(1, MAX_BATCH))
             .arg(offset);
         let mut reply = Reader::new("list", self.exec.run_one(call).await?)?;
@@ -337,8 +408,15 @@ impl Store {
             .iter()
             .map(|topic| {
                 let [scheduled, ..] = &self.keys.topic(topic).0;
-                let mut cmd = redis::cmd("ZRANGE");
-                cmd.arg(scheduled).arg(0).arg(0).arg("WITHSCORES");
+                // Parked jobs wait at 10^17 (lua/README.md): never a head to wake for.
+                let mut cmd = redis::cmd("ZRANGEBYSCORE");
+                cmd.arg(scheduled)
+                    .arg("-inf")
+                    .arg("(100000000000000000")
+                    .arg("WITHSCORES")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(1);
                 Call::on_topic(topic, cmd)
             })
             .collect();
@@ -408,6 +486,23 @@ impl Store {
         let _: String = self.exec.query(&redis::cmd("PING")).await?;
         Ok(())
     }
+}
+
+/// A release call's count, or Redis's refusal of it; an unavailable Redis is an error.
+fn released(reply: redis::RedisResult<Value>) -> Result<Result<u64, Rejection>, StoreError> {
+    match reply {
+        Ok(value) => Ok(Ok(redis::from_redis_value::<u64>(value).unwrap_or(0))),
+        Err(err) => match StoreError::from(err) {
+            StoreError::Rejected(rejection) => Ok(Err(rejection)),
+            other => Err(other),
+        },
+    }
+}
+
+/// The job stays reserved, so it is delivered again after its time-to-run.
+fn log_refused_release<R: Releasable>(item: &R, rejection: &Rejection) {
+    let lease = item.lease();
+    tracing::error!(topic = %lease.topic, id = %lease.id, %rejection, "release refused; the job stays reserved and is delivered again after its time-to-run (a recurring job needs its next due time)");
 }
 
 /// One topic's reply in a multi-topic call: `None` when Redis refused the call for this
@@ -488,16 +583,30 @@ fn decode_batch(script: &'static str, value: Value) -> Result<Batch, StoreError>
             token: u64::try_from(job.int("token")?).unwrap_or(0),
             meta: job.bytes("meta")?,
             body: job.bytes("body")?,
+            spec: non_empty(&job.bytes("spec")?),
         });
     }
     let mut corrupt_ids = reply.array("corrupt")?;
     while corrupt_ids.remaining() > 0 {
         corrupt.push(String::from_utf8_lossy(&corrupt_ids.bytes("corrupt id")?).into_owned());
     }
+    let paused = reply.int("paused")? == 1;
     Ok(Batch {
         now,
         next_due,
         jobs,
         corrupt,
+        paused,
     })
+}
+
+/// `''` means none in script replies.
+pub(super) fn non_empty(bytes: &[u8]) -> Option<String> {
+    (!bytes.is_empty()).then(|| String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// The `last_error`, `last_error_at` pair of get and list replies.
+pub(super) fn last_error(reply: &mut Reader) -> Result<Option<LastError>, StoreError> {
+    let reason = String::from_utf8_lossy(&reply.bytes("last_error")?).into_owned();
+    Ok(optional_time(reply.int("last_error_at")?).map(|at| LastError { reason, at }))
 }

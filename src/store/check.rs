@@ -13,7 +13,7 @@ pub const CHECK_STEP: usize = 200;
 
 /// One thing `check.lua` found wrong with a topic. `kind` is one of the kinds listed
 /// in the script's header (`wrong_type`, `unreadable_record`, `unindexed`, `in_both`,
-/// `orphan_scheduled`, `orphan_reserved`).
+/// `orphan_scheduled`, `orphan_reserved`, `failing_unindexed`, `orphan_failing`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Problem {
     pub kind: String,
@@ -48,8 +48,8 @@ impl Store {
     /// [`CHECK_STEP`] entries, each one atomic, so it is safe beside running bridges.
     /// See `lua/check.lua`.
     pub async fn check(&self, topic: &Topic, repair: bool) -> Result<CheckReport, StoreError> {
-        let [scheduled, reserved, jobs, seq] = self.keys.topic(topic).0;
-        let keys = [scheduled, reserved, jobs, seq, self.keys.damaged(topic)];
+        // The full key list: also checks `paused`, `history` and the `failing` index.
+        let keys = self.keys.all(topic);
         let mode = if repair { "repair" } else { "report" };
         let mut report = CheckReport {
             topic: topic.to_string(),

@@ -6,6 +6,9 @@
 //! <prefix>:{<topic>}:jobs       HASH  id -> job record
 //! <prefix>:{<topic>}:seq        STRING reservation token counter
 //! <prefix>:{<topic>}:damaged    HASH  what `redisched check --repair` set aside (check.lua only)
+//! <prefix>:{<topic>}:paused     STRING exists while the topic is paused (epoch ms)
+//! <prefix>:{<topic>}:history    LIST  capped outcome log, newest first
+//! <prefix>:{<topic>}:failing    ZSET  id -> last_error_at of jobs with a recorded failure
 //! <prefix>:topics               SET   known topics (own slot; never touched by scripts)
 //! <prefix>:notify               Pub/Sub channel: '<due_at>|<topic>' when a topic's head moves earlier
 //! ```
@@ -18,9 +21,21 @@ pub struct KeySpace {
     prefix: String,
 }
 
-/// The four keys every per-topic script takes, in `KEYS` order.
+/// The four keys of the version-1 script contract, in `KEYS` order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicKeys(pub [String; 4]);
+
+/// Names of the full key list, in `KEYS` order (`lua/README.md`, "Key schema").
+pub const FULL_KEY_NAMES: [&str; 8] = [
+    "scheduled",
+    "reserved",
+    "jobs",
+    "seq",
+    "damaged",
+    "paused",
+    "history",
+    "failing",
+];
 
 impl KeySpace {
     /// `prefix` must not contain braces (it would capture the hash tag); config
@@ -39,6 +54,14 @@ impl KeySpace {
             format!("{base}:jobs"),
             format!("{base}:seq"),
         ])
+    }
+
+    /// The full key list every script accepts (and pause, resume, redrive and history
+    /// require): the four of [`KeySpace::topic`], then `damaged`, `paused`, `history`,
+    /// `failing`, all under the topic's hash tag.
+    pub fn all(&self, topic: &Topic) -> [String; 8] {
+        let base = format!("{}:{{{}}}", self.prefix, topic.as_str());
+        FULL_KEY_NAMES.map(|name| format!("{base}:{name}"))
     }
 
     /// Where `check.lua` sets aside what it cannot repair; same hash tag as the
@@ -67,5 +90,9 @@ mod tests {
             assert!(key.starts_with("rs:{mail.welcome}:"), "{key}");
         }
         assert_eq!(keys.0[0], "rs:{mail.welcome}:scheduled");
+        let all = KeySpace::new("rs").all(&Topic::new("mail.welcome").unwrap());
+        assert_eq!(all[..4], keys.0[..]);
+        assert_eq!(all[4], "rs:{mail.welcome}:damaged");
+        assert_eq!(all[7], "rs:{mail.welcome}:failing");
     }
 }

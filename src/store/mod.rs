@@ -7,7 +7,8 @@
 //! One file per concern:
 //! - `types.rs`: what goes in and comes out (requests, replies, limits);
 //! - `scripts.rs`: the one list of scripts, and how a script call is built;
-//! - `api.rs`: the typed methods, one per script (`check.rs`: the fsck walk);
+//! - `api.rs`: the typed methods, one per script (`check.rs`: the fsck walk;
+//!   `features.rs`: recurring series, pause, parking, redrive, history);
 //! - `exec.rs`: the transport (standalone or cluster, pipelining, `NOSCRIPT`);
 //! - `keys.rs`: key names; `reply.rs`: reply decoding; `error.rs`: the error boundary;
 //! - `notify.rs`: the Pub/Sub notifications and the [`DueHints`] they feed;
@@ -21,6 +22,7 @@ mod check;
 mod conn;
 mod error;
 mod exec;
+mod features;
 mod keys;
 mod link;
 mod notify;
@@ -40,8 +42,10 @@ pub use keys::{KeySpace, TopicKeys};
 pub use notify::DueHints;
 pub use scripts::SOURCES as SCRIPT_SOURCES;
 pub use types::{
-    Applied, Batch, JobInfo, JobState, Lease, Limits, Op, PutOutcome, PutRequest, PutStatus,
-    Requeued, ReservedJob, TopicStats, MAX_BATCH,
+    Applied, Batch, Command, Delivered, HistoryEntry, JobInfo, JobState, JobSummary, LastError,
+    Lease, Limits, ListWhich, NextDue, Op, Outcome, PutOutcome, PutRequest, PutStatus, Redriven,
+    Requeued, ReservedJob, RetryOutcome, ScheduleSpec, SpecError, SpecKind, TopicStats,
+    DEFAULT_HISTORY_MAX, MAX_BATCH,
 };
 
 /// How to reach Redis.
@@ -64,6 +68,8 @@ pub struct Store {
     options: Arc<ConnectOptions>,
     keys: KeySpace,
     limits: Limits,
+    /// Cap of each topic's outcome history (`history.max_per_topic`); 0 writes none.
+    history_max: u32,
 }
 
 impl Store {
@@ -76,6 +82,7 @@ impl Store {
             options: Arc::new(options.clone()),
             keys: KeySpace::new(options.prefix.clone()),
             limits,
+            history_max: DEFAULT_HISTORY_MAX,
         })
     }
 
@@ -85,5 +92,16 @@ impl Store {
 
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// Caps each topic's history at `max` entries (0 writes none); default
+    /// [`DEFAULT_HISTORY_MAX`].
+    pub fn with_history_max(mut self, max: u32) -> Self {
+        self.history_max = max;
+        self
+    }
+
+    pub fn history_max(&self) -> u32 {
+        self.history_max
     }
 }

@@ -8,7 +8,7 @@
 use redis::{Script, ToRedisArgs};
 
 use super::exec::Call;
-use super::keys::TopicKeys;
+use super::keys::KeySpace;
 use crate::job::Topic;
 
 /// The one list of scripts: a field of [`Scripts`] and an entry of [`SOURCES`] each.
@@ -33,13 +33,16 @@ macro_rules! scripts {
     };
 }
 
-scripts!(put, delete, reserve, pull, release, retry, requeue, get, stats, list, check);
+scripts!(
+    put, delete, reserve, pull, release, retry, requeue, get, stats, list, check, pause, resume,
+    redrive, history,
+);
 
 impl Scripts {
     /// An `EVALSHA` of `script` on one topic's keys; add arguments with [`Call::arg`].
-    /// Every per-topic script takes the topic's four keys first ([`TopicKeys`]).
-    pub(crate) fn call(script: &Script, topic: &Topic, keys: &TopicKeys) -> Call {
-        Self::call_with_keys(script, topic, &keys.0)
+    /// Every per-topic script takes the topic's full key list ([`KeySpace::all`]).
+    pub(crate) fn call(script: &Script, topic: &Topic, keys: &KeySpace) -> Call {
+        Self::call_with_keys(script, topic, &keys.all(topic))
     }
 
     /// [`Scripts::call`] with an explicit key list (all under the topic's hash tag).

@@ -91,6 +91,11 @@ pub struct ReservedJob {
     /// Opaque bytes forwarded with the job (the bridge stores AMQP properties here).
     pub meta: Vec<u8>,
     pub body: Vec<u8>,
+    /// The schedule spec of a recurring job (`every:<ms>`, `cron:<expr>|<tz>`): release
+    /// it with its next occurrence (`Store::release_delivered`). `None`: one-shot.
+    ///
+    /// `Store::release_delivered`: super::Store::release_delivered
+    pub spec: Option<String>,
 }
 
 /// Where a job is in its life.
@@ -99,8 +104,19 @@ pub struct ReservedJob {
 pub enum JobState {
     Scheduled,
     Reserved,
+    /// Set aside after `max_attempts` failed publishes; waits for a redrive.
+    Parked,
     /// A record in neither sorted set: an invariant violation `redisched check` repairs.
     Unindexed,
+}
+
+/// The last failed publish recorded on a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LastError {
+    /// Short reason, e.g. `unroutable: NO_ROUTE`.
+    pub reason: String,
+    /// When it failed, epoch ms by the Redis server's clock.
+    pub at: i64,
 }
 
 /// One job as `get` sees it.
@@ -115,6 +131,11 @@ pub struct JobInfo {
     pub deadline: Option<i64>,
     pub meta: Vec<u8>,
     pub body: Vec<u8>,
+    /// The schedule spec of a recurring job, `None` for a one-shot job.
+    pub spec: Option<String>,
+    /// Failed publishes recorded (of this occurrence, for a series).
+    pub failures: u32,
+    pub last_error: Option<LastError>,
 }
 
 /// A topic's jobs counted by state.
@@ -126,6 +147,13 @@ pub struct TopicStats {
     pub reserved: u64,
     pub expired: u64,
     pub records: u64,
+    /// Parked after too many failed publishes (not counted in `scheduled`).
+    pub parked: u64,
+    pub paused: bool,
+    /// Jobs with a recorded failure (`last_error`), parked ones included.
+    pub failing: u64,
+    /// Entries in the topic's outcome history.
+    pub history: u64,
 }
 
 /// The jobs one `reserve` or `pull` call took.
@@ -138,6 +166,8 @@ pub struct Batch {
     pub jobs: Vec<ReservedJob>,
     /// Ids whose record was missing or unreadable; taken off the schedule.
     pub corrupt: Vec<String>,
+    /// The topic is paused: nothing was taken (see `Store::pause`).
+    pub paused: bool,
 }
 
 /// What one `requeue` call did.
@@ -153,4 +183,278 @@ pub struct Lease {
     pub topic: Topic,
     pub id: String,
     pub token: u64,
+}
+
+// ---------------------------------------------------------------- scheduler features
+// Recurring series, pause, failing and parked jobs, history (issue 10; `lua/README.md`).
+
+/// Default cap of each topic's history (`history.max_per_topic`).
+pub const DEFAULT_HISTORY_MAX: u32 = 1000;
+/// Longest spec `put.lua` stores.
+const MAX_SPEC_BYTES: usize = 256;
+
+/// The schedule of a recurring job, stored with it and handed back by `reserve`.
+/// Opaque to the store; the convention every client follows is `every:<ms>` or
+/// `cron:<expr>|<tz>` (see [`ScheduleSpec::every`], [`ScheduleSpec::cron`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ScheduleSpec(String);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("a schedule spec must be 1 to {MAX_SPEC_BYTES} bytes, got {0}")]
+    Length(usize),
+    #[error("a schedule spec must not contain control characters")]
+    Control,
+    #[error("a time zone name must not contain '|'")]
+    Zone,
+}
+
+/// A spec read back in the bridge's convention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecKind<'a> {
+    Every {
+        interval_ms: u64,
+    },
+    Cron {
+        expr: &'a str,
+        tz: &'a str,
+    },
+    /// Written by another client in a convention of its own.
+    Other(&'a str),
+}
+
+impl ScheduleSpec {
+    pub fn new(spec: impl Into<String>) -> Result<Self, SpecError> {
+        let spec = spec.into();
+        if spec.is_empty() || spec.len() > MAX_SPEC_BYTES {
+            return Err(SpecError::Length(spec.len()));
+        }
+        if spec.chars().any(char::is_control) {
+            return Err(SpecError::Control);
+        }
+        Ok(Self(spec))
+    }
+
+    /// `every:<ms>`: occurrences `interval_ms` apart.
+    pub fn every(interval_ms: u64) -> Self {
+        Self(format!("every:{interval_ms}"))
+    }
+
+    /// `cron:<expr>|<tz>`: a cron expression in an IANA zone (validated by the caller).
+    pub fn cron(expr: &str, tz: &str) -> Result<Self, SpecError> {
+        if tz.contains('|') {
+            return Err(SpecError::Zone);
+        }
+        Self::new(format!("cron:{expr}|{tz}"))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn kind(&self) -> SpecKind<'_> {
+        if let Some(Ok(interval_ms)) = self.0.strip_prefix("every:").map(str::parse) {
+            return SpecKind::Every { interval_ms };
+        }
+        if let Some((expr, tz)) = self
+            .0
+            .strip_prefix("cron:")
+            .and_then(|c| c.rsplit_once('|'))
+        {
+            return SpecKind::Cron { expr, tz };
+        }
+        SpecKind::Other(&self.0)
+    }
+}
+
+impl std::fmt::Display for ScheduleSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What the apply path takes: a plain [`Op`], or a [`Command`].
+pub(crate) trait StoreCommand {
+    fn op(&self) -> &Op;
+    /// The schedule a put gives its job (ignored for deletes).
+    fn schedule(&self) -> Option<&ScheduleSpec> {
+        None
+    }
+}
+
+impl StoreCommand for Op {
+    fn op(&self) -> &Op {
+        self
+    }
+}
+
+/// An [`Op`] with the scheduler features: a put with `Some(schedule)` stores a
+/// recurring job (a replace with `None` makes it one-shot again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Command {
+    pub op: Op,
+    pub schedule: Option<ScheduleSpec>,
+}
+
+impl StoreCommand for Command {
+    fn op(&self) -> &Op {
+        &self.op
+    }
+    fn schedule(&self) -> Option<&ScheduleSpec> {
+        self.schedule.as_ref()
+    }
+}
+
+impl From<Op> for Command {
+    fn from(op: Op) -> Self {
+        Self { op, schedule: None }
+    }
+}
+
+/// What releasing a delivered job does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextDue {
+    /// A one-shot job: delete it. (A recurring job released so is refused.)
+    OneShot,
+    /// A recurring job: its next occurrence, epoch ms, strictly after the server's now
+    /// and after the delivered occurrence.
+    At(i64),
+    /// A recurring job whose series ends with this delivery.
+    End,
+}
+
+impl NextDue {
+    /// The `lease` argument of `release.lua`.
+    pub(crate) fn lease_arg(self, token: u64) -> String {
+        match self {
+            NextDue::OneShot => token.to_string(),
+            NextDue::At(next) => format!("{token}@{next}"),
+            NextDue::End => format!("{token}@-1"),
+        }
+    }
+}
+
+/// What the release path takes: a plain [`Lease`] (one-shot), or [`Delivered`].
+pub(crate) trait Releasable {
+    fn lease(&self) -> &Lease;
+    fn next_due(&self) -> NextDue {
+        NextDue::OneShot
+    }
+}
+
+impl Releasable for Lease {
+    fn lease(&self) -> &Lease {
+        self
+    }
+}
+
+/// A delivered job and what comes after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivered {
+    pub lease: Lease,
+    pub next_due: NextDue,
+}
+
+impl Releasable for Delivered {
+    fn lease(&self) -> &Lease {
+        &self.lease
+    }
+    fn next_due(&self) -> NextDue {
+        self.next_due
+    }
+}
+
+/// What `Store::retry_failed` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryOutcome {
+    /// Due again after the delay.
+    Retried,
+    /// Its failures reached `max_attempts`: parked until re-driven.
+    Parked,
+    /// No longer ours (released, replaced, deleted or requeued): nothing changed.
+    Stale,
+}
+
+/// What one `Store::redrive_all` step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Redriven {
+    pub moved: u64,
+    /// Parked jobs left in the topic.
+    pub remaining: u64,
+}
+
+/// An outcome in a topic's history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Outcome {
+    #[serde(rename = "dispatched")]
+    Dispatched,
+    #[serde(rename = "deleted")]
+    Deleted,
+    #[serde(rename = "replaced")]
+    Replaced,
+    #[serde(rename = "parked")]
+    Parked,
+    #[serde(rename = "re-driven")]
+    Redriven,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Dispatched => "dispatched",
+            Outcome::Deleted => "deleted",
+            Outcome::Replaced => "replaced",
+            Outcome::Parked => "parked",
+            Outcome::Redriven => "re-driven",
+        }
+    }
+
+    pub(crate) fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "dispatched" => Outcome::Dispatched,
+            "deleted" => Outcome::Deleted,
+            "replaced" => Outcome::Replaced,
+            "parked" => Outcome::Parked,
+            "re-driven" => Outcome::Redriven,
+            _ => return None,
+        })
+    }
+}
+
+/// One entry of a topic's history (`lua/history.lua`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HistoryEntry {
+    /// When it happened, epoch ms (Redis server clock).
+    pub at: i64,
+    pub outcome: Outcome,
+    pub id: String,
+    /// The job's attempts at that moment (of the occurrence, for a series).
+    pub attempts: u32,
+    /// The (occurrence's) due time; for `replaced` the new one.
+    pub due_at: i64,
+    /// The next due time for a dispatched occurrence of a series, the error for
+    /// `parked`, else empty.
+    pub detail: String,
+}
+
+/// Which jobs `Store::list_jobs` lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListWhich {
+    /// Waiting jobs, earliest first.
+    Scheduled,
+    /// Parked jobs, by id.
+    Parked,
+}
+
+/// One job of `Store::list_jobs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct JobSummary {
+    pub id: String,
+    pub due_at: i64,
+    pub state: JobState,
+    pub attempts: u32,
+    pub spec: Option<String>,
+    pub failures: u32,
+    pub last_error: Option<LastError>,
 }
