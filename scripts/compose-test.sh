@@ -48,8 +48,15 @@ teardown() {
     fi
     "${compose[@]}" down --volumes --remove-orphans --timeout 20 >"$LOGS/compose-down.log" 2>&1 \
         || { say "compose down failed:"; cat "$LOGS/compose-down.log"; }
-    left=$($DOCKER ps -aq --filter "label=com.docker.compose.project=$COMPOSE_PROJECT_NAME")
-    [ -z "$left" ] || say "containers left behind: $left"
+    local project="label=com.docker.compose.project=$COMPOSE_PROJECT_NAME" left
+    left=$({
+        $DOCKER ps -aq --filter "$project"
+        $DOCKER volume ls -q --filter "$project"
+    } | tr '\n' ' ')
+    if [ -n "$left" ]; then
+        say "containers or volumes left behind: $left"
+        [ "$status" != 0 ] || status=1
+    fi
     if [ "$docker_was_up" = 0 ] && [ "${COMPOSE_TEST_KEEP_DOCKER:-0}" != 1 ]; then
         bash scripts/docker-stop.sh
     fi
@@ -137,8 +144,10 @@ EOF
 
 http="http://127.0.0.1:$HOST_PORT_HTTP"
 ready=$(curl -sS -w ' %{http_code}' "$http/readyz")
-[[ "$ready" =~ \"ready\":true ]] && [[ "$ready" =~ \"redis\":\"ok\" ]] && [[ "$ready" =~ \"amqp\":\"ok\" ]] \
-    && [[ "$ready" == *" 200" ]] || fail "/readyz: $ready"
+if ! [[ "$ready" == *'"ready":true'* && "$ready" == *'"redis":"ok"'* && "$ready" == *'"amqp":"ok"'* \
+    && "$ready" == *" 200" ]]; then
+    fail "/readyz: $ready"
+fi
 say "/readyz: $ready"
 dispatched=$(curl -fsS "$http/metrics" | awk '/^redisched_jobs_dispatched_total/ {n += $NF} END {print n + 0}')
 [ "$dispatched" -ge 1 ] || fail "/metrics counts $dispatched dispatched jobs, want at least 1"
