@@ -74,8 +74,8 @@ say "base images and build (the README's run command, creating the containers on
 bash scripts/compose-up.sh --no-start >"$LOGS/compose-build.log" 2>&1 \
     || { tail -40 "$LOGS/compose-build.log"; fail "build failed, log $LOGS/compose-build.log"; }
 grep -E '^docker-(setup|images):' "$LOGS/compose-build.log" || true
-say "built: image redisched:latest $($DOCKER image inspect -f '{{.Size}}' redisched:latest | numfmt --to=si)B," \
-    "binary $($DOCKER run --rm --entrypoint stat redisched:latest -c %s /usr/local/bin/redisched | numfmt --to=si)B"
+say "built: image redisched:latest $($DOCKER image inspect -f '{{.Size}}' redisched:latest | numfmt --to=si --round=nearest --format=%.1f)B," \
+    "binary $($DOCKER run --rm --entrypoint stat redisched:latest -c %s /usr/local/bin/redisched | numfmt --to=si --round=nearest --format=%.1f)B"
 
 say "starting the stack"
 "${compose[@]}" up -d >"$LOGS/compose-up.log" 2>&1 \
