@@ -682,9 +682,25 @@ fn print_table(r: &Value) {
     print_history_table(&r["history"]);
 }
 
+/// Jobs per turn of one side in the history comparison.
+const HISTORY_SLICE: u64 = 10_000;
+
+/// One side of a history round: its store (history cap), topics and summed times.
+struct Lane {
+    side: History,
+    bench: Bench,
+    waiting: Topic,
+    due: Topic,
+    put: Duration,
+    drain: Duration,
+    moved: u64,
+}
+
 /// Issue 10: put, reserve+release and bytes per one-shot job with the outcome history
-/// on (cap 1000) and off (0), alternating in one run (`History::order`), each round
-/// beside a fresh ZADD+HSET ceiling. Every side gets its own topics, deleted after it.
+/// on (cap 1000) and off (0) in one run: each round puts `jobs` waiting jobs per side
+/// and reserves+releases `jobs` due ones, the sides taking turns every
+/// [`HISTORY_SLICE`] jobs, beside a fresh ZADD+HSET ceiling. Every side has its own
+/// topics, deleted after the round.
 async fn history_compare(
     bench: &Bench,
     args: &StoreArgs,
@@ -696,56 +712,88 @@ async fn history_compare(
     let later = |i: u64| Due::Delay(3_600_000 + ((i * 7_919) % 3_600_000) as i64);
     let mut rounds = Vec::new();
     for run in 0..runs {
+        let sides = args.history.sides(run);
         eprintln!(
-            "history round {}/{runs}: ceiling, then {:?}",
+            "history round {}/{runs}: ceiling, then {jobs} jobs per side in slices of {HISTORY_SLICE}, alternating {:?}",
             run + 1,
-            args.history.sides(run)
+            sides
         );
         let zadd_hset = zadd_hset_ceiling(bench, prefix, jobs).await?;
-        let mut round = json!({ "run": run + 1, "zadd_hset_script_per_s": zadd_hset.round() });
-        for side in args.history.sides(run) {
-            let store = bench.store.clone().with_history_max(side.max());
-            let b = Bench {
-                store,
-                conn: bench.conn.clone(),
-                body: bench.body.clone(),
-                in_flight: bench.in_flight,
-            };
+        let mut lanes = Vec::new();
+        for &side in &sides {
             let name = side.name();
-            let waiting = Topic::new(format!("hist.{name}.{run}.waiting"))?;
-            eprintln!("  history {name}: put {jobs} one-shot jobs due later");
-            let put = b.put_range(&waiting, "job", 0, jobs, later).await?;
-            let waiting_keys = b.store.keys().all(&waiting);
+            lanes.push(Lane {
+                side,
+                bench: Bench {
+                    store: bench.store.clone().with_history_max(side.max()),
+                    conn: bench.conn.clone(),
+                    body: bench.body.clone(),
+                    in_flight: bench.in_flight,
+                },
+                waiting: Topic::new(format!("hist.{name}.{run}.waiting"))?,
+                due: Topic::new(format!("hist.{name}.{run}.due"))?,
+                put: Duration::ZERO,
+                drain: Duration::ZERO,
+                moved: 0,
+            });
+        }
+        // Slice by slice, the sides take turns (the first side alternates too), so a
+        // change of the shared machine's load hits both sides alike.
+        let mut from = 0;
+        let mut slice = 0usize;
+        while from < jobs {
+            let to = (from + HISTORY_SLICE).min(jobs);
+            let mut order: Vec<usize> = (0..lanes.len()).collect();
+            if slice % 2 == 1 {
+                order.reverse();
+            }
+            for i in order {
+                let lane = &mut lanes[i];
+                lane.put += lane
+                    .bench
+                    .put_range(&lane.waiting, "job", from, to, later)
+                    .await?;
+                lane.bench
+                    .put_range(&lane.due, "due", from, to, |_| Due::NOW)
+                    .await?;
+                let (moved, took) = lane.bench.drain(&lane.due, 2, to - from).await?;
+                lane.drain += took;
+                lane.moved += moved;
+            }
+            from = to;
+            slice += 1;
+        }
+        let mut round = json!({ "run": run + 1, "zadd_hset_script_per_s": zadd_hset.round() });
+        for lane in &lanes {
+            let (b, name) = (&lane.bench, lane.side.name());
+            if lane.moved != jobs {
+                bail!(
+                    "history {name}: reserved and released {} of {jobs}",
+                    lane.moved
+                );
+            }
+            let waiting_keys = b.store.keys().all(&lane.waiting);
             let mut key_bytes = 0;
             for key in &waiting_keys {
                 key_bytes += b.memory_usage(key, jobs).await?;
             }
             // One-shot puts log nothing (only `replace` of an existing job does).
-            let waiting_entries = b.store.stats(&waiting).await?.history;
+            let waiting_entries = b.store.stats(&lane.waiting).await?.history;
             if waiting_entries != 0 {
                 bail!("history {name}: {waiting_entries} history entries after plain puts, expected none");
             }
-
-            let due = Topic::new(format!("hist.{name}.{run}.due"))?;
-            eprintln!("  history {name}: reserve+release {jobs} jobs due now");
-            b.put_range(&due, "due", 0, jobs, |_| Due::NOW).await?;
-            let (moved, drain_time) = b.drain(&due, 2, jobs).await?;
-            if moved != jobs {
-                bail!("history {name}: drained {moved} of {jobs}");
-            }
             // The history must be what the side claims: full to its cap, or absent.
-            let entries = b.store.stats(&due).await?.history;
-            let expected = jobs.min(u64::from(side.max()));
+            let entries = b.store.stats(&lane.due).await?.history;
+            let expected = jobs.min(u64::from(lane.side.max()));
             if entries != expected {
                 bail!("history {name}: {entries} history entries after {jobs} releases, expected {expected}");
             }
-            let due_keys = b.store.keys().all(&due);
+            let due_keys = b.store.keys().all(&lane.due);
             let history_bytes = b.memory_usage(&due_keys[6], entries).await?;
-
-            let put_rate = per_sec(jobs, put);
-            let drain_rate = per_sec(moved, drain_time);
+            let put_rate = per_sec(jobs, lane.put);
+            let drain_rate = per_sec(lane.moved, lane.drain);
             round[name] = json!({
-                "history_max": side.max(),
+                "history_max": lane.side.max(),
                 "put_per_s": put_rate.round(),
                 "reserve_release_per_s": drain_rate.round(),
                 "put_vs_zadd_hset": put_rate / zadd_hset,
@@ -760,6 +808,18 @@ async fn history_compare(
             }
             let _: u64 = unlink.query_async(&mut bench.conn.clone()).await?;
         }
+        eprintln!(
+            "  round {}: put on/off {:.3}, reserve+release on/off {:.3}",
+            run + 1,
+            round["on"]["put_per_s"].as_f64().unwrap_or(f64::NAN)
+                / round["off"]["put_per_s"].as_f64().unwrap_or(f64::NAN),
+            round["on"]["reserve_release_per_s"]
+                .as_f64()
+                .unwrap_or(f64::NAN)
+                / round["off"]["reserve_release_per_s"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
+        );
         rounds.push(round);
     }
     let load_after = bridge::common::load_average();
@@ -802,7 +862,8 @@ async fn history_compare(
         "choice": format!("{:?}", args.history).to_lowercase(),
         "jobs_per_side": jobs,
         "runs": runs,
-        "order": "alternating: on first in odd rounds, off first in even ones",
+        "order": "the sides take turns every slice_jobs (put, then reserve+release); the first side alternates by slice and by round",
+        "slice_jobs": HISTORY_SLICE,
         "zadd_hset_script_per_s": spread(rounds.iter().filter_map(|r| r["zadd_hset_script_per_s"].as_f64()).collect(), 0),
         "sides": sides,
         "ratio_on_off": ratios,
