@@ -6,7 +6,12 @@
 //! cargo run --release -p redisched-bench -- store --quick    # 20,000 jobs, < 30 s
 //! cargo run --release -p redisched-bench -- store --scale    # also 10,000,000 waiting
 //! cargo run --release -p redisched-bench -- all --quick      # every scenario, bridge too
+//! cargo run --release -p redisched-bench -- store --history on   # skip the on/off comparison
 //! ```
+//!
+//! `store` and `dispatch` compare the outcome history (issue 10) on (cap 1000) and off
+//! (0) in the same run by default (`--history both`, `--runs 3`): medians (min–max) of
+//! the rounds and the on/off ratio paired per round.
 //!
 //! (`all` and the bridge scenarios run the `redisched` binary beside this one: build it
 //! too, `cargo build --release -p redisched-bench -p redisched`.) The store bench is

@@ -7,6 +7,7 @@
 //! target/release/redisched-bench all            # the full run (about 10 minutes)
 //! target/release/redisched-bench all --quick    # CI: under about a minute
 //! target/release/redisched-bench dispatch --jobs 50000
+//! target/release/redisched-bench dispatch --jobs 30000 --runs 9   # history on vs off, 9 rounds
 //! ```
 //!
 //! The bridge runs as a child `redisched run` (the binary beside this one) configured by
