@@ -6,7 +6,7 @@
 //! cargo run --release -p redisched-bench -- store --quick    # 20,000 jobs, < 30 s
 //! cargo run --release -p redisched-bench -- store --scale    # also 10,000,000 waiting
 //! cargo run --release -p redisched-bench -- all --quick      # every scenario, bridge too
-//! cargo run --release -p redisched-bench -- store --history on   # skip the on/off comparison
+//! cargo run --release -p redisched-bench -- store --history on   # only the history-on side
 //! ```
 //!
 //! `store` and `dispatch` compare the outcome history (issue 10) on (cap 1000) and off
