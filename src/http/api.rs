@@ -34,6 +34,7 @@ pub async fn topics(State(state): State<AppState>) -> Result<Json<TopicsView>, A
 pub struct ListQuery {
     limit: Option<String>,
     offset: Option<String>,
+    state: Option<String>,
 }
 
 /// `GET /v1/topics/{topic}/jobs?limit=&offset=`: the next scheduled jobs, earliest first.
@@ -62,7 +63,8 @@ pub async fn list_jobs(
             ))
         })?,
     };
-    let jobs = state.store.list(&topic, limit, offset).await?;
+    let which = super::features::list_which(query.state.as_deref())?;
+    let jobs = state.store.list_jobs(&topic, which, limit, offset).await?;
     let now = state.store.server_time().await?;
     Ok(Json(ListView::new(&topic, now, &jobs)))
 }
@@ -298,11 +300,11 @@ fn record(state: &AppState, topic: &str, id: &str, op: &str, outcome: &str) {
 // ---------------------------------------------------------------------------------
 // Parsing
 
-fn parse_topic(raw: &str) -> Result<Topic, ApiError> {
+pub(super) fn parse_topic(raw: &str) -> Result<Topic, ApiError> {
     Topic::new(raw).map_err(|e| ApiError::bad_request(format!("bad topic: {e}")))
 }
 
-fn parse_id(raw: &str) -> Result<JobId, ApiError> {
+pub(super) fn parse_id(raw: &str) -> Result<JobId, ApiError> {
     JobId::new(raw).map_err(|e| ApiError::bad_request(format!("bad job id: {e}")))
 }
 
