@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 
 use crate::config::{Config, ConfigError};
 use crate::job::{Due, JobId, PutMode, Topic};
+use crate::schedule::Schedule;
 use crate::store::{JobState, ListWhich, PutRequest, Rejection, Store, StoreError, MAX_BATCH};
 use crate::view::{
     self, rfc3339, DeleteView, HistoryView, JobView, ListView, PauseView, PutView, RedriveView,
@@ -322,9 +323,10 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
             "`run` is handled by the binary's main, not by cli::execute".into(),
         )),
         Command::Put(args) => {
+            let schedule = schedule_of(args, config.limits.min_interval_ms)?;
             let body = read_body(args)?;
             let store = connect(&config).await?;
-            put(&store, args, body).await
+            put(&store, args, body, schedule).await
         }
         Command::Delete(job) => delete(&connect(&config).await?, job).await,
         Command::Get(job) => get(&connect(&config).await?, job).await,
@@ -359,6 +361,7 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
 async fn connect(config: &Config) -> Result<Store, CliError> {
     Store::connect(&config.connect_options(), config.limits())
         .await
+        .map(|store| store.with_history_max(config.history.max_per_topic))
         .map_err(|err| match err {
             StoreError::Unavailable(e) => CliError::Unavailable(format!(
                 "cannot reach Redis at {}: {e}",
@@ -399,24 +402,77 @@ fn read_body(args: &PutArgs) -> Result<Vec<u8>, CliError> {
     }
 }
 
-async fn put(store: &Store, args: &PutArgs, body: Vec<u8>) -> Result<Output, CliError> {
-    let due = args.delay.or(args.at).unwrap_or(Due::NOW);
+/// The schedule `--every` or `--cron` (+ `--tz`) asks for, if any.
+fn schedule_of(args: &PutArgs, min_interval_ms: u64) -> Result<Option<Schedule>, CliError> {
+    match (&args.every, &args.cron) {
+        (Some(every), _) => Schedule::parse_every(every, min_interval_ms)
+            .map(Some)
+            .map_err(|e| CliError::Usage(format!("--every {every}: {e}"))),
+        (None, Some(cron)) => Schedule::cron(cron, args.tz.as_deref())
+            .map(Some)
+            .map_err(|e| CliError::Usage(format!("--cron: {e}"))),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The first occurrence of a series: `explicit` (`--delay`/`--at`, `delay_ms=`/`at=`) if
+/// given (for cron: the first match at or after it), else one interval from now or the
+/// next cron match after now. `now` is the Redis server's clock, which every due time
+/// refers to. Shared by the CLI and the REST API.
+pub fn first_due(schedule: &Schedule, explicit: Option<Due>, now: i64) -> Result<Due, String> {
+    let start = match explicit {
+        None => {
+            return match schedule.every_ms() {
+                Some(ms) => Ok(Due::Delay(i64::try_from(ms).unwrap_or(i64::MAX))),
+                None => schedule
+                    .next_after(now)
+                    .map(Due::At)
+                    .ok_or_else(|| format!("{schedule} has no occurrence after now")),
+            }
+        }
+        // An interval starts exactly when asked; the store resolves a delay itself.
+        Some(due) if schedule.every_ms().is_some() => return Ok(due),
+        Some(Due::Delay(ms)) => now.saturating_add(ms),
+        Some(Due::At(at)) => at,
+    };
+    schedule
+        .first_at_or_after(start)
+        .map(Due::At)
+        .ok_or_else(|| format!("{schedule} has no occurrence at or after {}", rfc3339(start)))
+}
+
+async fn put(
+    store: &Store,
+    args: &PutArgs,
+    body: Vec<u8>,
+    schedule: Option<Schedule>,
+) -> Result<Output, CliError> {
+    let explicit = args.delay.or(args.at);
     let mode = if args.replace {
         PutMode::Replace
     } else {
         PutMode::Keep
     };
     let size = body.len();
-    let outcome = store
-        .put(PutRequest {
-            topic: args.topic.clone(),
-            id: args.id.clone(),
-            body,
-            meta: Vec::new(),
-            due,
-            mode,
-        })
-        .await?;
+    let mut request = PutRequest {
+        topic: args.topic.clone(),
+        id: args.id.clone(),
+        body,
+        meta: Vec::new(),
+        due: explicit.unwrap_or(Due::NOW),
+        mode,
+    };
+    let outcome = match &schedule {
+        None => store.put(request).await?,
+        Some(schedule) => {
+            let now = store.server_time().await?;
+            request.due = first_due(schedule, explicit, now).map_err(CliError::Usage)?;
+            let spec = schedule
+                .store_spec()
+                .map_err(|e| CliError::Usage(e.to_string()))?;
+            store.put_recurring(request, spec).await?
+        }
+    };
     let now = store.server_time().await?;
     let json = view::to_json(&PutView::new(
         args.topic.as_str(),
@@ -424,8 +480,13 @@ async fn put(store: &Store, args: &PutArgs, body: Vec<u8>) -> Result<Output, Cli
         &outcome,
         size,
     ));
+    let recurring = schedule
+        .as_ref()
+        .and_then(|s| ScheduleFields::of(Some(&s.to_spec())).describe())
+        .map(|s| format!(", {s}"))
+        .unwrap_or_default();
     let human = format!(
-        "{} {}/{} due {} ({})",
+        "{} {}/{} due {} ({}){recurring}",
         outcome.status.as_str(),
         args.topic,
         args.id,
@@ -471,11 +532,11 @@ async fn get(store: &Store, job: &JobRef) -> Result<Output, CliError> {
         ));
     }
     human.push_str(&format!(
-        "topic       {}\nid          {}\nstate       {state}\n",
+        "topic     {}\nid        {}\nstate     {state}\n",
         job.topic, job.id
     ));
     if let Some(schedule) = job_view.schedule.describe() {
-        human.push_str(&format!("schedule    {schedule}\n"));
+        human.push_str(&format!("schedule  {schedule}\n"));
     }
     let due_label = if info.spec.is_some() {
         "next due"
@@ -483,21 +544,21 @@ async fn get(store: &Store, job: &JobRef) -> Result<Output, CliError> {
         "due at"
     };
     human.push_str(&format!(
-        "{due_label:<12}{} ({})\nattempts    {}\n",
+        "{due_label:<10}{} ({})\nattempts  {}\n",
         rfc3339(info.due_at),
         relative(info.due_at, now),
         info.attempts,
     ));
     if let Some(deadline) = info.deadline {
         human.push_str(&format!(
-            "deadline    {} ({})\n",
+            "deadline  {} ({})\n",
             rfc3339(deadline),
             relative(deadline, now)
         ));
     }
     if let Some(error) = &info.last_error {
         human.push_str(&format!(
-            "failures    {}\nlast error  {} at {} ({})\n",
+            "failures  {}\nlast error {} at {} ({})\n",
             info.failures,
             error.reason,
             rfc3339(error.at),
@@ -505,9 +566,9 @@ async fn get(store: &Store, job: &JobRef) -> Result<Output, CliError> {
         ));
     }
     match std::str::from_utf8(&info.body) {
-        Ok(text) => human.push_str(&format!("body        ({} bytes)\n{text}", info.body.len())),
+        Ok(text) => human.push_str(&format!("body      ({} bytes)\n{text}", info.body.len())),
         Err(_) => human.push_str(&format!(
-            "body        ({} bytes, not UTF-8, base64)\n{}",
+            "body      ({} bytes, not UTF-8, base64)\n{}",
             info.body.len(),
             json["body"].as_str().unwrap_or("")
         )),
@@ -544,27 +605,26 @@ async fn list(
             .unwrap_or(2)
             .max(2);
         let mut out = format!(
-            "  {:<width$}  {:<9}  {:<24}  {:<14}  {:>8}  {:<28}  LAST ERROR\n",
-            "ID", "STATE", "DUE AT", "IN", "ATTEMPTS", "SCHEDULE"
+            "{:<width$}  {:<24}  {:<14}  {:<9}  {:>8}  {:<28}  LAST ERROR\n",
+            "ID", "DUE AT", "IN", "STATE", "ATTEMPTS", "SCHEDULE"
         );
         for job in &view.jobs {
             let state = view::to_json(&job.state);
-            // `!` marks a job whose last publish failed; parked jobs have one too.
-            let mark = if job.failure.last_error.is_some() {
-                "!"
-            } else {
-                " "
-            };
+            // A job whose last publish failed (parked ones too) is marked `!!`.
             let error = match (&job.failure.last_error, job.failure.last_error_at) {
-                (Some(reason), Some(at)) => format!("{reason} ({})", relative(at, now)),
+                (Some(reason), Some(at)) => format!(
+                    "!! {reason} ({} failure(s), last {})",
+                    job.failure.failures,
+                    relative(at, now)
+                ),
                 _ => String::new(),
             };
             let line = format!(
-                "{mark} {:<width$}  {:<9}  {:<24}  {:<14}  {:>8}  {:<28}  {error}",
+                "{:<width$}  {:<24}  {:<14}  {:<9}  {:>8}  {:<28}  {error}",
                 job.id,
-                state.as_str().unwrap_or("?"),
                 job.due_at_rfc3339,
                 relative(job.due_at, now),
+                state.as_str().unwrap_or("?"),
                 job.attempts,
                 job.schedule.describe().unwrap_or_else(|| "-".into()),
             );
