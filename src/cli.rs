@@ -438,7 +438,12 @@ pub fn first_due(schedule: &Schedule, explicit: Option<Due>, now: i64) -> Result
     schedule
         .first_at_or_after(start)
         .map(Due::At)
-        .ok_or_else(|| format!("{schedule} has no occurrence at or after {}", rfc3339(start)))
+        .ok_or_else(|| {
+            format!(
+                "{schedule} has no occurrence at or after {}",
+                rfc3339(start)
+            )
+        })
 }
 
 async fn put(
@@ -695,7 +700,9 @@ async fn pause(store: &Store, topic: &Topic, paused: bool) -> Result<Output, Cli
         store.resume(topic).await?
     };
     let human = match (paused, changed) {
-        (true, true) => format!("paused topic {topic}: nothing of it is dispatched until `redisched resume {topic}`"),
+        (true, true) => format!(
+            "paused topic {topic}: nothing of it is dispatched until `redisched resume {topic}`"
+        ),
         (true, false) => format!("topic {topic} was paused already"),
         (false, true) => format!("resumed topic {topic}: its due jobs are dispatched"),
         (false, false) => format!("topic {topic} was not paused"),

@@ -417,7 +417,11 @@ mod tests {
         assert_eq!(ScheduleFields::of(None), ScheduleFields::default());
         assert_eq!(ScheduleFields::of(None).describe(), None);
         let one_shot = to_json(&ScheduleFields::default());
-        assert_eq!(one_shot, serde_json::json!({}), "one-shot jobs carry no schedule fields");
+        assert_eq!(
+            one_shot,
+            serde_json::json!({}),
+            "one-shot jobs carry no schedule fields"
+        );
         let never = to_json(&FailureFields::new(0, None));
         assert_eq!(never["last_error"], serde_json::Value::Null);
     }

@@ -71,7 +71,12 @@ impl Cli {
     /// Runs, expects exit code `code`; returns stderr.
     fn fails(&self, args: &[&str], code: i32) -> String {
         let out = self.run(args);
-        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", describe(&out));
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{args:?}: {}",
+            describe(&out)
+        );
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
@@ -163,11 +168,17 @@ async fn pause_and_resume_through_the_cli_while_another_topic_flows() {
 
     for n in 0..3 {
         broker.put("held", &format!("h{n}"), b"held", &[]).await;
-        broker.put("flowing", &format!("f{n}"), b"flowing", &[]).await;
+        broker
+            .put("flowing", &format!("f{n}"), b"flowing", &[])
+            .await;
     }
     let got = ready.collect(3, Duration::from_secs(15)).await;
     let ids: Vec<String> = got.iter().map(|(_, d)| bridge::message_id(d)).collect();
-    assert_eq!(ids.len(), 3, "the other topic flows while one is paused: {ids:?}");
+    assert_eq!(
+        ids.len(),
+        3,
+        "the other topic flows while one is paused: {ids:?}"
+    );
     assert!(ids.iter().all(|id| id.starts_with('f')), "{ids:?}");
     let late = ready.drain(Duration::from_millis(1500)).await;
     assert!(late.is_empty(), "nothing of the paused topic is dispatched");
@@ -184,11 +195,18 @@ async fn pause_and_resume_through_the_cli_while_another_topic_flows() {
     assert!(human.lines().next().unwrap().contains("PAUSED"), "{human}");
 
     let resumed = cli.json(&["resume", "held"]);
-    assert_eq!((&resumed["paused"], &resumed["changed"]), (&Value::Bool(false), &Value::Bool(true)));
+    assert_eq!(
+        (&resumed["paused"], &resumed["changed"]),
+        (&Value::Bool(false), &Value::Bool(true))
+    );
     let got = ready.collect(3, Duration::from_secs(15)).await;
     let mut ids: Vec<String> = got.iter().map(|(_, d)| bridge::message_id(d)).collect();
     ids.sort();
-    assert_eq!(ids, ["h0", "h1", "h2"], "the backlog is dispatched on resume");
+    assert_eq!(
+        ids,
+        ["h0", "h1", "h2"],
+        "the backlog is dispatched on resume"
+    );
     assert!(cli.ok(&["resume", "held"]).contains("was not paused"));
     assert_eq!(cli.json(&["stats", "held"])["topics"][0]["paused"], false);
 
@@ -216,15 +234,27 @@ async fn failing_and_parked_jobs_show_and_redrive_through_the_cli() {
     let job = cli.json(&["get", "jobs", "p1"]);
     assert_eq!(job["state"], "parked", "{job}");
     assert_eq!(job["last_error"], "unroutable: NO_ROUTE");
-    assert!(job["last_error_at"].as_i64().unwrap() > 1_600_000_000_000, "{job}");
+    assert!(
+        job["last_error_at"].as_i64().unwrap() > 1_600_000_000_000,
+        "{job}"
+    );
     assert_eq!(job["failures"], 1);
     assert_eq!(job["body"], "payload", "a parked job keeps its body");
     let human = cli.ok(&["get", "jobs", "p1"]);
-    assert!(human.starts_with("!! PARKED after 1 failed publish(es)"), "{human}");
+    assert!(
+        human.starts_with("!! PARKED after 1 failed publish(es)"),
+        "{human}"
+    );
     assert!(human.contains("redisched redrive jobs p1"), "{human}");
-    assert!(human.contains("last error unroutable: NO_ROUTE at "), "{human}");
+    assert!(
+        human.contains("last error unroutable: NO_ROUTE at "),
+        "{human}"
+    );
     let human = cli.ok(&["get", "jobs", "f1"]);
-    assert!(human.starts_with("!! FAILING: 1 failed publish(es), last unroutable: NO_ROUTE"), "{human}");
+    assert!(
+        human.starts_with("!! FAILING: 1 failed publish(es), last unroutable: NO_ROUTE"),
+        "{human}"
+    );
     assert!(human.contains("state     scheduled"), "{human}");
     let fine = cli.json(&["get", "jobs", "ok"]);
     assert_eq!(fine["last_error"], Value::Null);
@@ -234,13 +264,19 @@ async fn failing_and_parked_jobs_show_and_redrive_through_the_cli() {
     let list = cli.json(&["list", "jobs"]);
     let rows = list["jobs"].as_array().unwrap();
     let ids: Vec<&str> = rows.iter().map(|r| r["id"].as_str().unwrap()).collect();
-    assert!(ids.contains(&"f1") && ids.contains(&"ok") && !ids.contains(&"p1"), "{list}");
+    assert!(
+        ids.contains(&"f1") && ids.contains(&"ok") && !ids.contains(&"p1"),
+        "{list}"
+    );
     let f1 = rows.iter().find(|r| r["id"] == "f1").unwrap();
     assert_eq!(f1["last_error"], "unroutable: NO_ROUTE");
     assert_eq!(f1["state"], "scheduled");
     let human = cli.ok(&["list", "jobs"]);
     let f1_line = human.lines().find(|l| l.starts_with("f1")).unwrap();
-    assert!(f1_line.contains("!! unroutable: NO_ROUTE (1 failure(s)"), "{human}");
+    assert!(
+        f1_line.contains("!! unroutable: NO_ROUTE (1 failure(s)"),
+        "{human}"
+    );
     let ok_line = human.lines().find(|l| l.starts_with("ok")).unwrap();
     assert!(!ok_line.contains("!!"), "{human}");
     let parked = cli.json(&["list", "jobs", "--parked"]);
@@ -265,20 +301,29 @@ async fn failing_and_parked_jobs_show_and_redrive_through_the_cli() {
     // Redrive one: due now, attempts kept; again: not parked (exit 1).
     let attempts_before = cli.json(&["get", "jobs", "p1"])["attempts"].clone();
     let redriven = cli.json(&["redrive", "jobs", "p1"]);
-    assert_eq!((&redriven["id"], &redriven["redriven"]), (&Value::from("p1"), &Value::from(1)));
+    assert_eq!(
+        (&redriven["id"], &redriven["redriven"]),
+        (&Value::from("p1"), &Value::from(1))
+    );
     let job = cli.json(&["get", "jobs", "p1"]);
     assert_eq!(job["state"], "scheduled");
     assert_eq!(job["attempts"], attempts_before);
     let now = store.server_time().await.unwrap();
     assert!(job["due_at"].as_i64().unwrap() <= now, "due now: {job}");
     let err = cli.fails(&["redrive", "jobs", "p1"], 1);
-    assert!(err.contains("job p1 in topic jobs is not parked (it is scheduled)"), "{err}");
+    assert!(
+        err.contains("job p1 in topic jobs is not parked (it is scheduled)"),
+        "{err}"
+    );
     let err = cli.fails(&["redrive", "jobs", "nope"], 1);
     assert!(err.contains("no job nope in topic jobs"), "{err}");
 
     // Redrive the topic: every parked job.
     let out = cli.ok(&["redrive", "jobs"]);
-    assert!(out.contains("re-drove 1 parked job(s) of topic jobs"), "{out}");
+    assert!(
+        out.contains("re-drove 1 parked job(s) of topic jobs"),
+        "{out}"
+    );
     assert_eq!(cli.json(&["stats", "jobs"])["topics"][0]["parked"], 0);
     assert_eq!(cli.json(&["redrive", "jobs"])["redriven"], 0);
 
@@ -291,7 +336,12 @@ async fn failing_and_parked_jobs_show_and_redrive_through_the_cli() {
         .collect();
     assert_eq!(
         outcomes,
-        [("re-driven", "p2"), ("re-driven", "p1"), ("parked", "p2"), ("parked", "p1")],
+        [
+            ("re-driven", "p2"),
+            ("re-driven", "p1"),
+            ("parked", "p2"),
+            ("parked", "p1")
+        ],
         "{history}"
     );
     assert_eq!(history["entries"][3]["detail"], "unroutable: NO_ROUTE");
@@ -304,7 +354,10 @@ async fn history_lists_dispatched_and_deleted_outcomes() {
     let out = cli.ok(&["history", "h"]);
     assert_eq!(out.trim(), "no history in topic h");
     put_now(&store, "h", "sent").await;
-    let batch = store.reserve(&topic("h"), Duration::from_secs(30), 10).await.unwrap();
+    let batch = store
+        .reserve(&topic("h"), Duration::from_secs(30), 10)
+        .await
+        .unwrap();
     let lease = Lease {
         topic: topic("h"),
         id: batch.jobs[0].id.clone(),
@@ -319,11 +372,20 @@ async fn history_lists_dispatched_and_deleted_outcomes() {
     assert!(history.get("id").is_none(), "{history}");
     let entries = history["entries"].as_array().unwrap();
     assert_eq!(entries.len(), 2, "{history}");
-    assert_eq!((&entries[0]["outcome"], &entries[0]["id"]), (&Value::from("deleted"), &Value::from("gone")));
-    assert_eq!((&entries[1]["outcome"], &entries[1]["id"]), (&Value::from("dispatched"), &Value::from("sent")));
+    assert_eq!(
+        (&entries[0]["outcome"], &entries[0]["id"]),
+        (&Value::from("deleted"), &Value::from("gone"))
+    );
+    assert_eq!(
+        (&entries[1]["outcome"], &entries[1]["id"]),
+        (&Value::from("dispatched"), &Value::from("sent"))
+    );
     assert_eq!(entries[1]["attempts"], 1);
     assert_eq!(entries[1]["due_at"], batch.jobs[0].due_at);
-    assert!(entries[0]["at"].as_i64() >= entries[1]["at"].as_i64(), "newest first");
+    assert!(
+        entries[0]["at"].as_i64() >= entries[1]["at"].as_i64(),
+        "newest first"
+    );
 
     let one = cli.json(&["history", "h", "sent"]);
     assert_eq!(one["id"], "sent");
@@ -337,8 +399,14 @@ async fn history_lists_dispatched_and_deleted_outcomes() {
     let human = cli.ok(&["history", "h"]);
     let lines: Vec<&str> = human.lines().collect();
     assert!(lines[0].starts_with("AT"), "{human}");
-    assert!(lines[1].contains("deleted") && lines[1].contains("gone"), "{human}");
-    assert!(lines[2].contains("dispatched") && lines[2].contains("sent"), "{human}");
+    assert!(
+        lines[1].contains("deleted") && lines[1].contains("gone"),
+        "{human}"
+    );
+    assert!(
+        lines[2].contains("dispatched") && lines[2].contains("sent"),
+        "{human}"
+    );
     // GET of a job that is no longer stored stays "not found".
     cli.fails(&["get", "h", "sent"], 1);
 }
@@ -353,7 +421,10 @@ async fn recurring_puts_store_their_spec_and_first_due_time() {
     let after = store.server_time().await.unwrap();
     assert_eq!(put["status"], "scheduled");
     let due = put["due_at"].as_i64().unwrap();
-    assert!((before + 900_000..=after + 900_000).contains(&due), "now + interval: {put}");
+    assert!(
+        (before + 900_000..=after + 900_000).contains(&due),
+        "now + interval: {put}"
+    );
     let job = cli.json(&["get", "r", "every"]);
     assert_eq!(job["every_ms"], 900_000, "{job}");
     assert!(job.get("cron").is_none(), "{job}");
@@ -371,12 +442,25 @@ async fn recurring_puts_store_their_spec_and_first_due_time() {
     // Cron in a zone, first match at or after --at: 2030-01-01 is a Tuesday, 09:00 in
     // Berlin is 08:00 UTC in winter.
     let put = cli.json(&[
-        "put", "r", "standup", "--cron", "0 9 * * MON-FRI", "--tz", "Europe/Berlin", "--at",
+        "put",
+        "r",
+        "standup",
+        "--cron",
+        "0 9 * * MON-FRI",
+        "--tz",
+        "Europe/Berlin",
+        "--at",
         "2030-01-01T00:00:00Z",
     ]);
     assert_eq!(put["due_at_rfc3339"], "2030-01-01T08:00:00.000Z", "{put}");
     let job = cli.json(&["get", "r", "standup"]);
-    assert_eq!((&job["cron"], &job["tz"]), (&Value::from("0 9 * * MON-FRI"), &Value::from("Europe/Berlin")));
+    assert_eq!(
+        (&job["cron"], &job["tz"]),
+        (
+            &Value::from("0 9 * * MON-FRI"),
+            &Value::from("Europe/Berlin")
+        )
+    );
     assert!(job.get("every_ms").is_none(), "{job}");
 
     // Cron without a first time: the next match after now (UTC by default).
@@ -389,14 +473,25 @@ async fn recurring_puts_store_their_spec_and_first_due_time() {
         schedule.next_after(before).unwrap(),
         schedule.next_after(after).unwrap(),
     );
-    assert!((earliest..=latest).contains(&due), "{due} in {earliest}..={latest}");
+    assert!(
+        (earliest..=latest).contains(&due),
+        "{due} in {earliest}..={latest}"
+    );
     assert_eq!(cli.json(&["get", "r", "tenmin"])["tz"], "UTC");
 
     let list = cli.ok(&["list", "r"]);
     assert!(list.contains("every 15m"), "{list}");
-    assert!(list.contains("cron 0 9 * * MON-FRI (Europe/Berlin)"), "{list}");
+    assert!(
+        list.contains("cron 0 9 * * MON-FRI (Europe/Berlin)"),
+        "{list}"
+    );
     let rows = cli.json(&["list", "r"]);
-    let standup = rows["jobs"].as_array().unwrap().iter().find(|r| r["id"] == "standup").unwrap();
+    let standup = rows["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == "standup")
+        .unwrap();
     assert_eq!(standup["cron"], "0 9 * * MON-FRI");
 
     // Replace changes the spec; a replace without one makes the job one-shot again.
@@ -407,14 +502,23 @@ async fn recurring_puts_store_their_spec_and_first_due_time() {
 
     // Bad specs: exit 2 with a clear reason; nothing is stored.
     for (args, reason) in [
-        (&["--every", "10ms"][..], "below the minimum of 1000 ms (limits.min_interval_ms)"),
+        (
+            &["--every", "10ms"][..],
+            "below the minimum of 1000 ms (limits.min_interval_ms)",
+        ),
         (&["--every", "soon"], "neither milliseconds nor a duration"),
         (&["--cron", "0 9 * *"], "expected 5"),
         (&["--cron", "0 99 * * *"], "is invalid"),
         (&["--cron", "0 0 30 2 *"], "never fires"),
-        (&["--cron", "0 9 * * *", "--tz", "Mars/Olympus"], "unknown time zone"),
+        (
+            &["--cron", "0 9 * * *", "--tz", "Mars/Olympus"],
+            "unknown time zone",
+        ),
         (&["--tz", "UTC"], "--cron"),
-        (&["--every", "1m", "--cron", "* * * * *"], "cannot be used with"),
+        (
+            &["--every", "1m", "--cron", "* * * * *"],
+            "cannot be used with",
+        ),
     ] {
         let mut all = vec!["put", "r", "bad"];
         all.extend_from_slice(args);

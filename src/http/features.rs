@@ -11,8 +11,9 @@ use serde::Deserialize;
 use super::api::{parse_id, parse_topic};
 use super::{ApiError, AppState};
 use crate::feed::Event;
-use crate::job::{JobId, Topic};
-use crate::store::{ListWhich, MAX_BATCH};
+use crate::job::{Due, JobId, PutMode, Topic};
+use crate::schedule::Schedule;
+use crate::store::{ListWhich, PutOutcome, PutRequest, MAX_BATCH};
 use crate::view::{HistoryView, PauseView, RedriveView};
 
 /// History entries shown when `limit` is not given.
@@ -26,7 +27,13 @@ pub async fn pause(
 ) -> Result<Json<PauseView>, ApiError> {
     let topic = parse_topic(&topic)?;
     let changed = state.store.pause(&topic).await?;
-    announce(&state, &topic, "", "pause", if changed { "paused" } else { "unchanged" });
+    announce(
+        &state,
+        &topic,
+        "",
+        "pause",
+        if changed { "paused" } else { "unchanged" },
+    );
     Ok(Json(PauseView {
         topic,
         paused: true,
@@ -41,7 +48,13 @@ pub async fn resume(
 ) -> Result<Json<PauseView>, ApiError> {
     let topic = parse_topic(&topic)?;
     let changed = state.store.resume(&topic).await?;
-    announce(&state, &topic, "", "resume", if changed { "resumed" } else { "unchanged" });
+    announce(
+        &state,
+        &topic,
+        "",
+        "resume",
+        if changed { "resumed" } else { "unchanged" },
+    );
     Ok(Json(PauseView {
         topic,
         paused: false,
@@ -115,6 +128,73 @@ pub async fn history(
     Ok(Json(HistoryView::new(&topic, id.as_ref(), &entries)))
 }
 
+/// A recurring put: its schedule and the first time it was asked for (`delay_ms`/`at`).
+pub(super) struct Recurrence {
+    schedule: Schedule,
+    explicit: Option<Due>,
+}
+
+/// The schedule parameters of a put: `every` (ms or `15m`-style), or `cron` with an
+/// optional `tz`; `None` for a one-shot put. Bad combinations and specs are 400s.
+pub(super) fn recurrence(
+    state: &AppState,
+    every: Option<&str>,
+    cron: Option<&str>,
+    tz: Option<&str>,
+    explicit: Option<Due>,
+) -> Result<Option<Recurrence>, ApiError> {
+    fn given(value: Option<&str>) -> Option<&str> {
+        value.filter(|v| !v.is_empty())
+    }
+    let schedule = match (given(every), given(cron), given(tz)) {
+        (Some(_), Some(_), _) => {
+            return Err(ApiError::bad_request("give every or cron, not both"));
+        }
+        (Some(_), None, Some(_)) | (None, None, Some(_)) => {
+            return Err(ApiError::bad_request("tz is only meaningful with cron"));
+        }
+        (Some(every), None, None) => {
+            Schedule::parse_every(every, state.config.limits.min_interval_ms)
+                .map_err(|e| ApiError::bad_request(format!("every: {e}")))?
+        }
+        (None, Some(cron), tz) => {
+            Schedule::cron(cron, tz).map_err(|e| ApiError::bad_request(format!("cron: {e}")))?
+        }
+        (None, None, None) => return Ok(None),
+    };
+    Ok(Some(Recurrence { schedule, explicit }))
+}
+
+impl Recurrence {
+    /// Stores the recurring job, first due per [`crate::cli::first_due`].
+    pub(super) async fn put(
+        &self,
+        state: &AppState,
+        topic: Topic,
+        id: JobId,
+        body: Vec<u8>,
+        mode: PutMode,
+    ) -> Result<(PutOutcome, usize), ApiError> {
+        let now = state.store.server_time().await?;
+        let due = crate::cli::first_due(&self.schedule, self.explicit, now)
+            .map_err(ApiError::bad_request)?;
+        let spec = self
+            .schedule
+            .store_spec()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let body_bytes = body.len();
+        let request = PutRequest {
+            topic,
+            id,
+            body,
+            meta: Vec::new(),
+            due,
+            mode,
+        };
+        Ok((state.store.put_recurring(request, spec).await?, body_bytes))
+    }
+}
+
 /// The `state` query parameter of `GET /v1/topics/{topic}/jobs`: `scheduled` (default)
 /// or `parked`.
 pub(super) fn list_which(raw: Option<&str>) -> Result<ListWhich, ApiError> {
@@ -129,10 +209,12 @@ pub(super) fn list_which(raw: Option<&str>) -> Result<ListWhich, ApiError> {
 
 /// Why a redrive of one job moved nothing: 404 without the job, 409 when it is not parked.
 async fn not_redriven(state: &AppState, topic: &Topic, id: &JobId) -> Result<ApiError, ApiError> {
-    Ok(match crate::cli::not_parked(&state.store, topic, id).await? {
-        (false, message) => ApiError::not_found(message),
-        (true, message) => ApiError::new(StatusCode::CONFLICT, message),
-    })
+    Ok(
+        match crate::cli::not_parked(&state.store, topic, id).await? {
+            (false, message) => ApiError::not_found(message),
+            (true, message) => ApiError::new(StatusCode::CONFLICT, message),
+        },
+    )
 }
 
 /// Tells the live feed and the log; these are not job commands, so
