@@ -18,6 +18,7 @@ pub mod ingest;
 pub mod job;
 pub mod metrics;
 pub mod requeue;
+pub mod schedule;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;
