@@ -443,19 +443,11 @@ where
     }
 }
 
-/// A screenshot of the whole page (window grown to its height) to the temp dir and to
-/// artifacts/, path printed.
+/// A screenshot of the page in a 1440x1700 window, to the temp dir and to artifacts/
+/// (path printed).
 async fn screenshot(client: &Client, name: &str) -> PathBuf {
-    let height = js(client, "return document.documentElement.scrollHeight;")
-        .await
-        .as_u64()
-        .unwrap_or(900)
-        .clamp(900, 3000);
-    client
-        .set_window_size(1440, u32::try_from(height).unwrap() + 20)
-        .await
-        .expect("resize");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    client.set_window_size(1440, 1700).await.expect("resize");
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let png = client.screenshot().await.expect("screenshot");
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("artifacts");
     std::fs::create_dir_all(&dir).expect("artifacts dir");
