@@ -523,6 +523,75 @@ async fn series(client: &Client, chart: &str, name: &str) -> (u64, f64) {
     (points, sum)
 }
 
+/// Every piece of visible text whose contrast with what is behind it is below 4.5:1
+/// (WCAG AA), as `"<text>: <ratio>"`. Backgrounds are found by walking up to the first
+/// opaque one; SVG text is measured by its fill against the chart's white.
+const CONTRAST_CHECK: &str = r#"
+  const rgb = (c) => { const m = c.match(/[\d.]+/g); return m ? m.map(Number) : [0, 0, 0, 0]; };
+  const lum = ([r, g, b]) => {
+    const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  const background = (el) => {
+    for (let n = el; n && n.nodeType === 1; n = n.parentElement) {
+      const style = getComputedStyle(n);
+      const c = rgb(style.backgroundColor);
+      if (style.backgroundColor !== "transparent" && (c.length < 4 || c[3] > 0.5)) return c;
+      if (style.backgroundImage.includes("gradient")) {
+        const g = style.backgroundImage.match(/rgba?\([^)]*\)/);
+        if (g) return rgb(g[0]);
+      }
+    }
+    return [255, 255, 255];
+  };
+  const bad = [];
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let t = walker.nextNode(); t; t = walker.nextNode()) {
+    const text = t.textContent.trim();
+    const el = t.parentElement;
+    if (!text || !el || el.closest("script, style, title, [hidden], .sr-only, details:not([open]) > table")) continue;
+    const rect = el.getBoundingClientRect();
+    if (rect.width === 0 || rect.height === 0) continue;
+    const style = getComputedStyle(el);
+    const svgText = el instanceof SVGElement;
+    const fg = rgb(svgText ? style.fill : style.color);
+    const bg = svgText ? [255, 255, 255] : background(el);
+    const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+    const ratio = (a + 0.05) / (b + 0.05);
+    if (ratio < 4.5) bad.push(text.slice(0, 40) + ": " + ratio.toFixed(2));
+  }
+  return bad;
+"#;
+
+/// Tabs through the page from the top, returning a label of each focused control and
+/// whether it showed a focus outline.
+async fn tab_through(client: &Client, presses: usize) -> Vec<(String, bool)> {
+    js(client, "document.activeElement && document.activeElement.blur(); window.scrollTo(0, 0); return null;").await;
+    let mut seen = Vec::new();
+    for _ in 0..presses {
+        client
+            .active_element()
+            .await
+            .expect("the focused element")
+            .send_keys("\u{E004}")
+            .await
+            .expect("Tab");
+        let focused = js(
+            client,
+            "const a = document.activeElement; const s = getComputedStyle(a); \
+             if (a === document.body) return ['(page)', true]; \
+             return [a.id || a.getAttribute('aria-label') || a.textContent.trim().slice(0, 40), \
+                     s.outlineStyle !== 'none' && parseFloat(s.outlineWidth) >= 2];",
+        )
+        .await;
+        seen.push((
+            focused[0].as_str().unwrap_or("").to_string(),
+            focused[1].as_bool().unwrap_or(false),
+        ));
+    }
+    seen
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn charts_render_a_burst_and_the_due_histogram() {
     let _turn = BROWSER_TURN.lock().await;
@@ -725,6 +794,35 @@ async fn pause_resume_parked_failing_redrive_and_history() {
     )
     .await;
 
+    // Accessible: enough contrast everywhere (badges, error texts, axes), and every
+    // control reachable by keyboard with a visible focus outline.
+    let low = js(&client, CONTRAST_CHECK).await;
+    assert_eq!(low, json!([]), "text below 4.5:1 contrast");
+    let order = tab_through(&client, 40).await;
+    let labels: Vec<&str> = order.iter().map(|(label, _)| label.as_str()).collect();
+    for wanted in [
+        "token",
+        "Show topic ops",
+        "pause",
+        "range-day",
+        "Re-drive job stuck-1",
+        "Cancel job flaky",
+    ] {
+        assert!(
+            labels.contains(&wanted),
+            "{wanted} not reached by Tab: {labels:?}"
+        );
+    }
+    let unmarked: Vec<&str> = order
+        .iter()
+        .filter(|(_, outline)| !outline)
+        .map(|(label, _)| label.as_str())
+        .collect();
+    assert!(
+        unmarked.is_empty(),
+        "focus without a visible outline: {unmarked:?}"
+    );
+
     // Pause: the state flips in Redis, the page says so.
     click(&client, "#pause").await;
     eventually("paused in Redis", || async {
@@ -736,6 +834,8 @@ async fn pause_resume_parked_failing_redrive_and_history() {
     .await;
     wait_for(&client, "#topics tr[data-topic='ops'][data-paused='true']").await;
     wait_for(&client, "#topic-state.paused").await;
+    let low = js(&client, CONTRAST_CHECK).await;
+    assert_eq!(low, json!([]), "text below 4.5:1 contrast while paused");
     let status = text_of(&client, "#status").await;
     assert!(status.starts_with("paused ops"), "{status}");
     screenshot(&client, "dashboard-paused").await;
