@@ -609,11 +609,17 @@ async fn list(
             .max()
             .unwrap_or(2)
             .max(2);
+        let schedules: Vec<String> = view
+            .jobs
+            .iter()
+            .map(|job| job.schedule.describe().unwrap_or_else(|| "-".into()))
+            .collect();
+        let swidth = schedules.iter().map(String::len).max().unwrap_or(8).max(8);
         let mut out = format!(
-            "{:<width$}  {:<24}  {:<14}  {:<9}  {:>8}  {:<28}  LAST ERROR\n",
+            "{:<width$}  {:<24}  {:<14}  {:<9}  {:>8}  {:<swidth$}  LAST ERROR\n",
             "ID", "DUE AT", "IN", "STATE", "ATTEMPTS", "SCHEDULE"
         );
-        for job in &view.jobs {
+        for (job, schedule) in view.jobs.iter().zip(&schedules) {
             let state = view::to_json(&job.state);
             // A job whose last publish failed (parked ones too) is marked `!!`.
             let error = match (&job.failure.last_error, job.failure.last_error_at) {
@@ -625,13 +631,12 @@ async fn list(
                 _ => String::new(),
             };
             let line = format!(
-                "{:<width$}  {:<24}  {:<14}  {:<9}  {:>8}  {:<28}  {error}",
+                "{:<width$}  {:<24}  {:<14}  {:<9}  {:>8}  {schedule:<swidth$}  {error}",
                 job.id,
                 job.due_at_rfc3339,
                 relative(job.due_at, now),
                 state.as_str().unwrap_or("?"),
                 job.attempts,
-                job.schedule.describe().unwrap_or_else(|| "-".into()),
             );
             out.push_str(line.trim_end());
             out.push('\n');
@@ -726,10 +731,11 @@ async fn redrive(store: &Store, topic: &Topic, id: Option<&JobId>) -> Result<Out
         }
         None => {
             let moved = store.redrive_topic(topic).await?;
-            (
-                moved,
-                format!("re-drove {moved} parked job(s) of topic {topic}: due now"),
-            )
+            let human = match moved {
+                0 => format!("no parked jobs in topic {topic}"),
+                n => format!("re-drove {n} parked job(s) of topic {topic}: due now"),
+            };
+            (moved, human)
         }
     };
     let json = view::to_json(&RedriveView {

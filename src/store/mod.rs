@@ -41,7 +41,7 @@ pub use error::{RejectCode, Rejection, StoreError};
 use exec::Executor;
 pub use histogram::{DueHistogram, MAX_HISTOGRAM_BUCKETS, MAX_HISTOGRAM_WINDOW_MS};
 pub use keys::{KeySpace, TopicKeys};
-pub use notify::DueHints;
+pub use notify::{DueHints, SUBSCRIPTION_PING_INTERVAL};
 pub use scripts::SOURCES as SCRIPT_SOURCES;
 pub use types::{
     Applied, Batch, Command, Delivered, HistoryEntry, JobInfo, JobState, JobSummary, LastError,
