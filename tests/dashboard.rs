@@ -11,6 +11,7 @@
 mod common;
 
 use std::net::TcpListener as StdListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, LazyLock};
@@ -22,11 +23,12 @@ use redisched::feed::{Event, Feed};
 use redisched::http::{self, AppState};
 use redisched::job::{Due, JobId, PutMode, Topic};
 use redisched::metrics::Metrics;
-use redisched::store::{JobState, Lease, PutRequest, RetryOutcome, Store};
+use redisched::store::{JobState, Lease, PutRequest, RetryOutcome, ScheduleSpec, Store};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-const WAIT: Duration = Duration::from_secs(15);
+/// Generous: the machine is shared and often loaded; a pass takes far less.
+const WAIT: Duration = Duration::from_secs(30);
 
 /// One browser at a time.
 static BROWSER_TURN: LazyLock<tokio::sync::Mutex<()>> =
@@ -56,10 +58,13 @@ impl Driver {
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
+        // A process group of its own: the chromium it starts joins it, so a test that
+        // panics before closing its session still leaves no browser behind (see Drop).
         let child = Command::new("chromedriver")
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
             .expect("start chromedriver");
         let profile = std::env::temp_dir().join(common::unique("chromium-profile"));
@@ -109,6 +114,10 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        // The whole group: chromedriver and the browser it started.
+        let _ = Command::new("kill")
+            .args(["-TERM", "--", &format!("-{}", self.child.id())])
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.profile);
@@ -734,6 +743,20 @@ async fn pause_resume_parked_failing_redrive_and_history() {
     let store = common::test_store().await;
     let topic = Topic::new("ops").unwrap();
     put(&store, &topic, "waiting", Due::Delay(600_000)).await;
+    store
+        .put_recurring(
+            PutRequest {
+                topic: topic.clone(),
+                id: JobId::new("digest").unwrap(),
+                body: b"digest".to_vec(),
+                meta: Vec::new(),
+                due: Due::Delay(1_200_000),
+                mode: PutMode::Keep,
+            },
+            ScheduleSpec::every(900_000),
+        )
+        .await
+        .unwrap();
     fail(
         &store,
         &topic,
@@ -773,6 +796,8 @@ async fn pause_resume_parked_failing_redrive_and_history() {
         "{row}"
     );
     wait_for(&client, "#jobs tr.failing[data-id='flaky']").await;
+    let series = text_of(&client, "#jobs tr[data-id='digest'] .badge.series").await;
+    assert_eq!(series, "every 15m", "a recurring job shows its schedule");
     let row = text_of(&client, "#jobs tr[data-id='flaky']").await;
     assert!(row.contains("failing: channel error: 504"), "{row}");
     assert!(client
@@ -783,8 +808,8 @@ async fn pause_resume_parked_failing_redrive_and_history() {
     let counts = text_of(&client, "#topics tr[data-topic='ops']").await;
     assert_eq!(
         counts.split_whitespace().collect::<Vec<_>>(),
-        ["ops", "2", "0", "0", "2", "3", "RUNNING"],
-        "scheduled (waiting, flaky), due, reserved, parked, failing, state"
+        ["ops", "3", "0", "0", "2", "3", "RUNNING"],
+        "scheduled (waiting, digest, flaky), due, reserved, parked, failing, state"
     );
     wait_for(&client, "#topics tr[data-topic='ops'] td.warn").await;
     wait_for(&client, "#topics tr[data-topic='ops'] td.bad").await;
