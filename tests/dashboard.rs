@@ -124,13 +124,29 @@ impl Drop for Driver {
     }
 }
 
+/// What the page says (status line, live badge, topics shown), for failure messages.
+async fn page_state(client: &Client) -> String {
+    let script = "return ['status: ' + document.getElementById('status').textContent, \
+                  'live: ' + document.getElementById('live').textContent, \
+                  'topics: ' + [...document.querySelectorAll('#topics tr')].map(r => r.dataset.topic).join(' ')];";
+    match client.execute(script, Vec::new()).await {
+        Ok(value) => value.to_string(),
+        Err(e) => format!("(page state unreadable: {e})"),
+    }
+}
+
 async fn wait_for(client: &Client, css: &str) {
-    client
+    if let Err(e) = client
         .wait()
         .at_most(WAIT)
         .for_element(Locator::Css(css))
         .await
-        .unwrap_or_else(|e| panic!("{css} did not appear: {e}"));
+    {
+        panic!(
+            "{css} did not appear: {e}; page: {}",
+            page_state(client).await
+        );
+    }
 }
 
 async fn wait_gone(client: &Client, css: &str) {
@@ -406,7 +422,9 @@ async fn click(client: &Client, css: &str) {
         };
         match result {
             Ok(()) => return,
-            Err(e) if Instant::now() > deadline => panic!("click {css}: {e}"),
+            Err(e) if Instant::now() > deadline => {
+                panic!("click {css}: {e}; page: {}", page_state(client).await)
+            }
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
