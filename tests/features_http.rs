@@ -432,7 +432,14 @@ async fn history_over_rest_lists_dispatched_and_deleted_outcomes() {
     assert_eq!(one["entries"].as_array().unwrap().len(), 1);
     let (_, limited) = s.get("/v1/topics/h/history?limit=1").await;
     assert_eq!(ids_of(&limited["entries"]), ["gone"]);
-    for bad in ["limit=0", "limit=1001", "limit=x", "id=a%07b"] {
+    for bad in [
+        "limit=0",
+        "limit=1001",
+        "limit=x",
+        "limit=",
+        "id=a%07b",
+        "id=",
+    ] {
         let (status, body) = s.get(&format!("/v1/topics/h/history?{bad}")).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
         assert!(body["error"].is_string(), "{body}");
@@ -538,6 +545,7 @@ async fn recurring_puts_over_rest() {
         ),
         ("every=1m&cron=*%20*%20*%20*%20*", "not both"),
         ("tz=UTC", "only meaningful with cron"),
+        ("every=", "every must not be empty"),
         ("every=1m&tz=UTC", "only meaningful with cron"),
     ] {
         let (status, body) = s.put(&format!("/v1/topics/r/jobs/bad?{query}"), "").await;

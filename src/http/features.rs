@@ -110,12 +110,13 @@ pub async fn history(
 ) -> Result<Json<HistoryView>, ApiError> {
     let topic = parse_topic(&topic)?;
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    // An empty value is refused rather than read as "absent", as everywhere in the API.
     let id = match query.id.as_deref() {
-        None | Some("") => None,
+        None => None,
         Some(raw) => Some(parse_id(raw)?),
     };
     let limit = match query.limit.as_deref() {
-        None | Some("") => DEFAULT_HISTORY_LIMIT,
+        None => DEFAULT_HISTORY_LIMIT,
         Some(raw) => raw
             .parse::<usize>()
             .ok()
@@ -143,10 +144,14 @@ pub(super) fn recurrence(
     tz: Option<&str>,
     explicit: Option<Due>,
 ) -> Result<Option<Recurrence>, ApiError> {
-    fn given(value: Option<&str>) -> Option<&str> {
-        value.filter(|v| !v.is_empty())
+    for (name, value) in [("every", every), ("cron", cron), ("tz", tz)] {
+        if value == Some("") {
+            return Err(ApiError::bad_request(format!(
+                "{name} must not be empty (leave it out for a one-shot job)"
+            )));
+        }
     }
-    let schedule = match (given(every), given(cron), given(tz)) {
+    let schedule = match (every, cron, tz) {
         (Some(_), Some(_), _) => {
             return Err(ApiError::bad_request("give every or cron, not both"));
         }
@@ -199,7 +204,7 @@ impl Recurrence {
 /// or `parked`.
 pub(super) fn list_which(raw: Option<&str>) -> Result<ListWhich, ApiError> {
     match raw {
-        None | Some("") | Some("scheduled") => Ok(ListWhich::Scheduled),
+        None | Some("scheduled") => Ok(ListWhich::Scheduled),
         Some("parked") => Ok(ListWhich::Parked),
         Some(other) => Err(ApiError::bad_request(format!(
             "state must be `scheduled` or `parked`, got {other:?}"
@@ -240,5 +245,6 @@ mod tests {
         let err = list_which(Some("dead")).unwrap_err();
         assert_eq!(err.status, StatusCode::BAD_REQUEST);
         assert!(err.message.contains("`parked`"), "{}", err.message);
+        assert!(list_which(Some("")).is_err(), "an empty value is refused");
     }
 }
