@@ -9,6 +9,7 @@
 
 mod api;
 mod auth;
+mod compat;
 mod error;
 mod ops;
 
@@ -62,8 +63,8 @@ pub fn router(state: AppState) -> Router {
             "/v1/topics/{topic}/jobs/{id}",
             get(api::get_job).put(api::put_job).delete(api::delete_job),
         )
-        .route("/schedule/{topic}", post(api::compat_schedule))
-        .route("/cancel/{topic}", post(api::compat_cancel))
+        .route("/schedule/{topic}", post(compat::schedule))
+        .route("/cancel/{topic}", post(compat::cancel))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -111,13 +112,7 @@ async fn dashboard() -> Response {
         .into_response()
 }
 
-async fn openapi() -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        OPENAPI_JSON,
-    )
-        .into_response()
+/// `openapi.json` with this server's configured limits filled in.
+async fn openapi(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    axum::Json(api::openapi_document(state.store.limits())).into_response()
 }
