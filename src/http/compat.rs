@@ -10,7 +10,8 @@ use serde_json::Value;
 
 use super::api::{delete, finish_delete, finish_put, parse_id, parse_topic, put, read_body};
 use super::{ApiError, AppState};
-use crate::job::{Due, PutMode};
+use crate::job::{float_millis, Due, PutMode, MAX_TIME_MS};
+use crate::store::Limits;
 
 /// Longest `delay` given as a string: `-`, 10 integer digits, `.`, 9 fraction digits.
 /// Ten digits of seconds are far beyond any `limits.max_delay_ms`, so a delay string
@@ -66,7 +67,7 @@ pub async fn schedule(
     let result = async {
         let topic = parse_topic(&topic)?;
         let id = parse_id(id.as_deref().map_err(Clone::clone)?)?;
-        let due = delay(&request.delay)?;
+        let due = delay(&request.delay, state.store.limits())?;
         let body = match request.contents {
             Value::Null => Vec::new(),
             Value::String(text) => text.into_bytes(),
@@ -98,8 +99,10 @@ pub async fn cancel(
 }
 
 /// `delay`: seconds, fractions allowed, a number or a numeric string (see
-/// [`is_delay_text`]); absent or null = now.
-fn delay(delay: &Value) -> Result<Due, ApiError> {
+/// [`is_delay_text`]); absent or null = now. A number is held to the bounds the
+/// document states for it (`-MAX_TIME_MS / 1000` .. `limits.max_delay_ms / 1000`) in
+/// seconds, before any rounding, so that a value just past the bound is refused.
+fn delay(delay: &Value, limits: Limits) -> Result<Due, ApiError> {
     let seconds = match delay {
         Value::Null => return Ok(Due::NOW),
         Value::Number(n) => n.as_f64(),
@@ -112,12 +115,27 @@ fn delay(delay: &Value) -> Result<Due, ApiError> {
             "delay must be a number of seconds (or a string like \"1.5\"), got {delay}"
         ))
     })?;
-    // `as` saturates; Due::delay refuses what saturated.
-    let ms = (seconds * 1000.0).round() as i128;
     let given = match delay {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     };
+    if delay.is_number() {
+        let min_s = -((MAX_TIME_MS / 1000) as f64);
+        if seconds < min_s {
+            return Err(ApiError::bad_request(format!(
+                "delay {given} s is out of range: at least {min_s} s"
+            )));
+        }
+        let max_s = limits.max_delay_ms as f64 / 1000.0;
+        if seconds > max_s {
+            return Err(ApiError::delay_too_long(format!(
+                "delay {given} s is more than limits.max_delay_ms ({} ms)",
+                limits.max_delay_ms
+            )));
+        }
+    }
+    // Rounded up: a job is never due early. Saturated values are refused by Due::delay.
+    let ms = float_millis(seconds * 1000.0).unwrap_or(i128::MAX);
     Ok(Due::delay("delay", format!("{given} s"), ms)?)
 }
 
@@ -178,12 +196,20 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    const LIMITS: Limits = Limits {
+        max_delay_ms: 60_000,
+        max_body_bytes: 1024,
+    };
+
     #[test]
     fn delays_are_seconds() {
+        let delay = |v: &Value| delay(v, LIMITS);
         assert_eq!(delay(&json!(1.5)).ok(), Some(Due::Delay(1500)));
+        assert_eq!(delay(&json!(0.0001)).ok(), Some(Due::Delay(1)));
         assert_eq!(delay(&json!("2")).ok(), Some(Due::Delay(2000)));
         assert_eq!(delay(&json!("-0.25")).ok(), Some(Due::NOW));
         assert_eq!(delay(&Value::Null).ok(), Some(Due::NOW));
+        assert_eq!(delay(&json!(60)).ok(), Some(Due::Delay(60_000)));
         for bad in [
             json!("x"),
             json!([1]),
@@ -195,9 +221,18 @@ mod tests {
             json!("."),
             json!("12345678901"),
         ] {
-            assert!(delay(&bad).is_err(), "{bad} should be refused");
+            assert_eq!(
+                delay(&bad).map_err(|e| e.status),
+                Err(StatusCode::BAD_REQUEST),
+                "{bad} should be refused"
+            );
         }
-        let err = delay(&json!(1e300)).unwrap_err();
+        // Just past the documented maximum: refused before rounding could let it in.
+        let err = delay(&json!(60.000_000_000_1)).unwrap_err();
+        assert_eq!(err.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", err.message);
+        assert_eq!(err.code, Some("delay_too_long"));
+        let err = delay(&json!(-1e300)).unwrap_err();
+        assert_eq!(err.status, StatusCode::BAD_REQUEST, "{}", err.message);
         assert!(err.message.contains("out of range"), "{}", err.message);
     }
 

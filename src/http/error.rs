@@ -46,6 +46,15 @@ impl ApiError {
         }
     }
 
+    /// A due time further from now than `limits.max_delay_ms`, found before the store
+    /// was asked (same status and code as the store's refusal).
+    pub fn delay_too_long(message: impl Into<String>) -> Self {
+        Self {
+            code: Some(RejectCode::DelayTooLong.as_str()),
+            ..Self::new(StatusCode::UNPROCESSABLE_ENTITY, message)
+        }
+    }
+
     /// The outcome label for `redisched_commands` and the event feed.
     pub fn outcome(&self) -> &'static str {
         match self.status {
