@@ -11,6 +11,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::faults::TempDir;
 use redisched::config::Config;
 use redisched::feed::Feed;
 use redisched::http::{self, AppState};
@@ -18,7 +19,6 @@ use redisched::metrics::Metrics;
 use redisched::store::Limits;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use common::faults::TempDir;
 use tokio_util::sync::CancellationToken;
 
 const HOW_TO_INSTALL: &str = "install the OpenAPI test tools with: bash scripts/openapi-deps.sh  \
@@ -72,7 +72,9 @@ impl Server {
     }
 
     async fn document(&self) -> Value {
-        let (status, doc) = self.send(self.client.get(self.url("/v1/openapi.json"))).await;
+        let (status, doc) = self
+            .send(self.client.get(self.url("/v1/openapi.json")))
+            .await;
         assert_eq!(status, StatusCode::OK);
         doc
     }
@@ -241,63 +243,135 @@ async fn each_former_disagreement_is_settled() {
     let puts: &[(&str, StatusCode, &str)] = &[
         // Job ids: no control characters, 1..256 bytes.
         ("/v1/topics/t/jobs/a%01b", StatusCode::BAD_REQUEST, "job id"),
-        ("/v1/topics/t/jobs/a%C2%85b", StatusCode::BAD_REQUEST, "job id"),
+        (
+            "/v1/topics/t/jobs/a%C2%85b",
+            StatusCode::BAD_REQUEST,
+            "job id",
+        ),
         ("/v1/topics/t/jobs/%C3%A9%C3%A9", StatusCode::CREATED, ""),
         // Topics: the pattern and at most 200 bytes.
         ("/v1/topics/a%20b/jobs/x", StatusCode::BAD_REQUEST, "topic"),
         ("/v1/topics/a%2Fb.c:d_e-f/jobs/x", StatusCode::CREATED, ""),
         // delay_ms and at together: 400, as the document says.
-        ("/v1/topics/t/jobs/x?delay_ms=1&at=2", StatusCode::BAD_REQUEST, "not both"),
+        (
+            "/v1/topics/t/jobs/x?delay_ms=1&at=2",
+            StatusCode::BAD_REQUEST,
+            "not both",
+        ),
         // Empty values are outside the schema: refused.
         ("/v1/topics/t/jobs/x?mode=", StatusCode::BAD_REQUEST, "mode"),
-        ("/v1/topics/t/jobs/x?replace=", StatusCode::BAD_REQUEST, "replace"),
-        ("/v1/topics/t/jobs/x?delay_ms=", StatusCode::BAD_REQUEST, "delay_ms"),
-        ("/v1/topics/t/jobs/x?at=", StatusCode::BAD_REQUEST, "at must be"),
-        ("/v1/topics/t/jobs/x?delay_ms=+5", StatusCode::BAD_REQUEST, "delay_ms"),
+        (
+            "/v1/topics/t/jobs/x?replace=",
+            StatusCode::BAD_REQUEST,
+            "replace",
+        ),
+        (
+            "/v1/topics/t/jobs/x?delay_ms=",
+            StatusCode::BAD_REQUEST,
+            "delay_ms",
+        ),
+        (
+            "/v1/topics/t/jobs/x?at=",
+            StatusCode::BAD_REQUEST,
+            "at must be",
+        ),
+        (
+            "/v1/topics/t/jobs/x?delay_ms=+5",
+            StatusCode::BAD_REQUEST,
+            "delay_ms",
+        ),
         // Delays: up to the configured limit; beyond it 422, beyond any time 400.
-        ("/v1/topics/t/jobs/d1?delay_ms=3600000", StatusCode::CREATED, ""),
-        ("/v1/topics/t/jobs/d2?delay_ms=3600001", StatusCode::UNPROCESSABLE_ENTITY, "delay_too_long"),
+        (
+            "/v1/topics/t/jobs/d1?delay_ms=3600000",
+            StatusCode::CREATED,
+            "",
+        ),
+        (
+            "/v1/topics/t/jobs/d2?delay_ms=3600001",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "delay_too_long",
+        ),
         (
             "/v1/topics/t/jobs/d3?delay_ms=123456789012345678901234567890",
             StatusCode::BAD_REQUEST,
             "out of range",
         ),
         // `at`: beyond the maximum delay is 422 (documented); 17 digits are out of range.
-        ("/v1/topics/t/jobs/a1?at=9999999999999999", StatusCode::UNPROCESSABLE_ENTITY, "delay_too_long"),
-        ("/v1/topics/t/jobs/a2?at=00000000000000001", StatusCode::BAD_REQUEST, "out of range"),
-        ("/v1/topics/t/jobs/a3?at=2030-02-30T00:00:00Z", StatusCode::BAD_REQUEST, "RFC 3339"),
-        ("/v1/topics/t/jobs/a4?at=2000-01-01T00:00:00.5Z", StatusCode::CREATED, ""),
+        (
+            "/v1/topics/t/jobs/a1?at=9999999999999999",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "delay_too_long",
+        ),
+        (
+            "/v1/topics/t/jobs/a2?at=00000000000000001",
+            StatusCode::BAD_REQUEST,
+            "out of range",
+        ),
+        (
+            "/v1/topics/t/jobs/a3?at=2030-02-30T00:00:00Z",
+            StatusCode::BAD_REQUEST,
+            "RFC 3339",
+        ),
+        (
+            "/v1/topics/t/jobs/a4?at=2000-01-01T00:00:00.5Z",
+            StatusCode::CREATED,
+            "",
+        ),
     ];
     for &(path, want, says) in puts {
         let (status, body) = s.send(s.client.put(s.url(path)).body("b")).await;
         assert_eq!(status, want, "PUT {path}: {body}");
-        assert!(documented(&doc, job, "put", status), "PUT {path}: {status} undocumented");
+        assert!(
+            documented(&doc, job, "put", status),
+            "PUT {path}: {status} undocumented"
+        );
         if !says.is_empty() {
-            assert!(body.to_string().contains(says), "PUT {path}: {body} should say {says:?}");
+            assert!(
+                body.to_string().contains(says),
+                "PUT {path}: {body} should say {says:?}"
+            );
         }
     }
     let long_ascii = "x".repeat(256);
     let (status, body) = s
-        .send(s.client.put(s.url(&format!("/v1/topics/t/jobs/{long_ascii}"))).body("b"))
+        .send(
+            s.client
+                .put(s.url(&format!("/v1/topics/t/jobs/{long_ascii}")))
+                .body("b"),
+        )
         .await;
     assert_eq!(status, StatusCode::CREATED, "256 ASCII bytes: {body}");
     // 129 characters but 258 bytes: the limit is in bytes, as the document says.
     let long_utf8 = "%C3%A9".repeat(129);
     let (status, body) = s
-        .send(s.client.put(s.url(&format!("/v1/topics/t/jobs/{long_utf8}"))).body("b"))
+        .send(
+            s.client
+                .put(s.url(&format!("/v1/topics/t/jobs/{long_utf8}")))
+                .body("b"),
+        )
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "258 bytes: {body}");
     let long_topic = "t".repeat(201);
     let (status, _) = s
-        .send(s.client.put(s.url(&format!("/v1/topics/{long_topic}/jobs/x"))).body("b"))
+        .send(
+            s.client
+                .put(s.url(&format!("/v1/topics/{long_topic}/jobs/x")))
+                .body("b"),
+        )
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "201-byte topic");
 
     // Listing: offset up to the cap lua/list.lua has (documented), empty values refused.
     let lists: &[(&str, StatusCode)] = &[
         ("/v1/topics/t/jobs?offset=1000000000000", StatusCode::OK),
-        ("/v1/topics/t/jobs?offset=1000000000001", StatusCode::BAD_REQUEST),
-        ("/v1/topics/t/jobs?offset=99999999999999999999999", StatusCode::BAD_REQUEST),
+        (
+            "/v1/topics/t/jobs?offset=1000000000001",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "/v1/topics/t/jobs?offset=99999999999999999999999",
+            StatusCode::BAD_REQUEST,
+        ),
         ("/v1/topics/t/jobs?limit=1000", StatusCode::OK),
         ("/v1/topics/t/jobs?limit=1001", StatusCode::BAD_REQUEST),
         ("/v1/topics/t/jobs?limit=", StatusCode::BAD_REQUEST),
@@ -307,7 +381,10 @@ async fn each_former_disagreement_is_settled() {
     for &(path, want) in lists {
         let (status, body) = s.send(s.client.get(s.url(path))).await;
         assert_eq!(status, want, "GET {path}: {body}");
-        assert!(documented(&doc, jobs, "get", status), "GET {path}: {status} undocumented");
+        assert!(
+            documented(&doc, jobs, "get", status),
+            "GET {path}: {status} undocumented"
+        );
     }
     let offset = &doc["paths"][jobs]["get"]["parameters"][1];
     assert_eq!(offset["schema"]["maximum"], json!(1_000_000_000_000u64));
@@ -319,27 +396,67 @@ async fn each_former_disagreement_is_settled() {
     let (status, body) = s
         .send(s.client.post(s.url("/schedule/0")).json(&json!({"id": 0})))
         .await;
-    assert_eq!((status, &body["id"]), (StatusCode::CREATED, &json!("0")), "{body}");
+    assert_eq!(
+        (status, &body["id"]),
+        (StatusCode::CREATED, &json!("0")),
+        "{body}"
+    );
     let (status, _) = s.send(s.client.get(s.url("/v1/topics/0/jobs/0"))).await;
     assert_eq!(status, StatusCode::OK);
     let (status, body) = s
         .send(s.client.post(s.url("/cancel/0")).json(&json!({"id": 0})))
         .await;
-    assert_eq!((status, &body["deleted"]), (StatusCode::OK, &json!(true)), "{body}");
+    assert_eq!(
+        (status, &body["deleted"]),
+        (StatusCode::OK, &json!(true)),
+        "{body}"
+    );
     let compat: &[(&str, Value, StatusCode)] = &[
         ("/cancel/t", json!({"id": ""}), StatusCode::BAD_REQUEST),
         ("/cancel/t", json!({"id": null}), StatusCode::BAD_REQUEST),
         ("/cancel/t", json!({"id": "nope"}), StatusCode::NOT_FOUND),
         ("/schedule/t", json!({"id": ""}), StatusCode::BAD_REQUEST),
         ("/schedule/t", json!({"id": true}), StatusCode::BAD_REQUEST),
-        ("/schedule/t", json!({"id": "a\u{7}b"}), StatusCode::BAD_REQUEST),
-        ("/schedule/t", json!({"id": "c1", "delay": 3600}), StatusCode::CREATED),
-        ("/schedule/t", json!({"id": "c2", "delay": 3600.001}), StatusCode::UNPROCESSABLE_ENTITY),
-        ("/schedule/t", json!({"id": "c3", "delay": 1e300}), StatusCode::UNPROCESSABLE_ENTITY),
-        ("/schedule/t", json!({"id": "c4", "delay": -1e300}), StatusCode::BAD_REQUEST),
-        ("/schedule/t", json!({"id": "c5", "delay": "7200"}), StatusCode::UNPROCESSABLE_ENTITY),
-        ("/schedule/t", json!({"id": "c6", "delay": " 1"}), StatusCode::BAD_REQUEST),
-        ("/schedule/t", json!({"id": "c7", "delay": null, "contents": [1]}), StatusCode::CREATED),
+        (
+            "/schedule/t",
+            json!({"id": "a\u{7}b"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "/schedule/t",
+            json!({"id": "c1", "delay": 3600}),
+            StatusCode::CREATED,
+        ),
+        (
+            "/schedule/t",
+            json!({"id": "c2", "delay": 3600.001}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "/schedule/t",
+            json!({"id": "c3", "delay": 1e300}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "/schedule/t",
+            json!({"id": "c4", "delay": -1e300}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "/schedule/t",
+            json!({"id": "c5", "delay": "7200"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "/schedule/t",
+            json!({"id": "c6", "delay": " 1"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "/schedule/t",
+            json!({"id": "c7", "delay": null, "contents": [1]}),
+            StatusCode::CREATED,
+        ),
     ];
     for (path, request, want) in compat {
         let (status, body) = s.send(s.client.post(s.url(path)).json(request)).await;

@@ -55,7 +55,9 @@ pub async fn list_jobs(
         Some(raw) => parse_count(raw)
             .filter(|n| (1..=MAX_BATCH as u64).contains(n))
             .ok_or_else(|| {
-                ApiError::bad_request(format!("limit must be an integer 1..={MAX_BATCH}, got {raw:?}"))
+                ApiError::bad_request(format!(
+                    "limit must be an integer 1..={MAX_BATCH}, got {raw:?}"
+                ))
             })? as usize,
     };
     let offset = match query.offset.as_deref() {
@@ -345,8 +347,7 @@ fn is_rfc3339_shape(raw: &str) -> bool {
         number(14..16),
         number(17..19),
     );
-    let (Some(_), Some(month), Some(day), Some(hour), Some(minute), Some(second)) = fields
-    else {
+    let (Some(_), Some(month), Some(day), Some(hour), Some(minute), Some(second)) = fields else {
         return false;
     };
     let last_day = match month {
@@ -360,9 +361,8 @@ fn is_rfc3339_shape(raw: &str) -> bool {
         && hour < 24
         && minute < 60
         && second < 60
-        && fraction.is_none_or(|f| {
-            (1..=9).contains(&f.len()) && f.bytes().all(|c| c.is_ascii_digit())
-        })
+        && fraction
+            .is_none_or(|f| (1..=9).contains(&f.len()) && f.bytes().all(|c| c.is_ascii_digit()))
 }
 
 /// A non-negative integer written as ASCII digits only (no sign, no spaces); `None`
@@ -420,7 +420,7 @@ pub(super) async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiEr
 #[cfg(test)]
 mod tests {
     use super::*;
-    
+
     #[test]
     fn due_times_parse_from_query_values() {
         assert_eq!(parse_due(Some("1500"), None).ok(), Some(Due::Delay(1500)));

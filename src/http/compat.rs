@@ -147,9 +147,8 @@ fn is_delay_text(text: &str) -> bool {
         Some((int, fraction)) => (int, Some(fraction)),
         None => (unsigned, None),
     };
-    let digits = |s: &str, max: usize| {
-        (1..=max).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit())
-    };
+    let digits =
+        |s: &str, max: usize| (1..=max).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit());
     digits(int, MAX_DELAY_INT_DIGITS)
         && fraction.is_none_or(|f| digits(f, MAX_DELAY_FRACTION_DIGITS))
 }
@@ -229,7 +228,12 @@ mod tests {
         }
         // Just past the documented maximum: refused before rounding could let it in.
         let err = delay(&json!(60.000_000_000_1)).unwrap_err();
-        assert_eq!(err.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", err.message);
+        assert_eq!(
+            err.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{}",
+            err.message
+        );
         assert_eq!(err.code, Some("delay_too_long"));
         let err = delay(&json!(-1e300)).unwrap_err();
         assert_eq!(err.status, StatusCode::BAD_REQUEST, "{}", err.message);
