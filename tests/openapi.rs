@@ -332,6 +332,24 @@ async fn each_former_disagreement_is_settled() {
             );
         }
     }
+    // A path segment that is not UTF-8: a JSON error like every other (the document
+    // says every error body is JSON), not the framework's plain text.
+    for (method, path) in [
+        (reqwest::Method::GET, "/v1/topics/%FF/jobs"),
+        (reqwest::Method::PUT, "/v1/topics/t/jobs/%FF"),
+        (reqwest::Method::DELETE, "/v1/topics/t/jobs/%FF"),
+        (reqwest::Method::POST, "/schedule/%FF"),
+    ] {
+        let res = s
+            .client
+            .request(method.clone(), s.url(path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{method} {path}");
+        let body: Value = res.json().await.expect("a JSON error body");
+        assert!(body["error"].is_string(), "{method} {path}: {body}");
+    }
     let long_ascii = "x".repeat(256);
     let (status, body) = s
         .send(

@@ -5,7 +5,7 @@
 
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -13,6 +13,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::error::PathParams;
 use super::{ApiError, AppState};
 use crate::feed::Event;
 use crate::job::{Due, DueError, JobId, PutMode, Topic};
@@ -45,7 +46,7 @@ pub struct ListQuery {
 /// `GET /v1/topics/{topic}/jobs?limit=&offset=`: the next scheduled jobs, earliest first.
 pub async fn list_jobs(
     State(state): State<AppState>,
-    Path(topic): Path<String>,
+    PathParams(topic): PathParams<String>,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<ListView>, ApiError> {
     let topic = parse_topic(&topic)?;
@@ -78,7 +79,7 @@ pub async fn list_jobs(
 /// `GET /v1/topics/{topic}/jobs/{id}`.
 pub async fn get_job(
     State(state): State<AppState>,
-    Path((topic, id)): Path<(String, String)>,
+    PathParams((topic, id)): PathParams<(String, String)>,
 ) -> Result<Json<JobView>, ApiError> {
     let topic = parse_topic(&topic)?;
     let id = parse_id(&id)?;
@@ -102,7 +103,7 @@ pub struct PutQuery {
 /// `PUT /v1/topics/{topic}/jobs/{id}?delay_ms=|at=&mode=replace`: the raw body is the job.
 pub async fn put_job(
     State(state): State<AppState>,
-    Path((topic, id)): Path<(String, String)>,
+    PathParams((topic, id)): PathParams<(String, String)>,
     query: Result<Query<PutQuery>, QueryRejection>,
     body: Body,
 ) -> Response {
@@ -131,7 +132,7 @@ pub async fn put_job(
 /// `DELETE /v1/topics/{topic}/jobs/{id}`: 404 when there is no such job.
 pub async fn delete_job(
     State(state): State<AppState>,
-    Path((topic, id)): Path<(String, String)>,
+    PathParams((topic, id)): PathParams<(String, String)>,
 ) -> Response {
     let result = delete(&state, &topic, &id).await;
     finish_delete(&state, &topic, &id, result)

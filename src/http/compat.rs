@@ -2,13 +2,14 @@
 //! with JSON bodies. Same store calls, metrics and events as the REST API (`api.rs`).
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::api::{delete, finish_delete, finish_put, parse_id, parse_topic, put, read_body};
+use super::error::PathParams;
 use super::{ApiError, AppState};
 use crate::job::{float_millis, Due, PutMode, MAX_TIME_MS};
 use crate::store::Limits;
@@ -44,7 +45,7 @@ pub struct CompatCancel {
 pub async fn schedule(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Path(topic): Path<String>,
+    PathParams(topic): PathParams<String>,
     body: Body,
 ) -> Response {
     // JSON escaping can make a body of max_body_bytes up to six times longer.
@@ -84,7 +85,7 @@ pub async fn schedule(
 pub async fn cancel(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Path(topic): Path<String>,
+    PathParams(topic): PathParams<String>,
     body: Body,
 ) -> Response {
     let id = match read_json::<CompatCancel>(body, 64 * 1024, &headers)

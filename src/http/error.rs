@@ -110,3 +110,26 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+/// [`axum::extract::Path`] whose rejection (a segment that is not UTF-8 after
+/// percent-decoding, …) is a JSON [`ApiError`] (400) like every other error, not
+/// axum's plain-text answer.
+pub struct PathParams<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for PathParams<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(value)| Self(value))
+            .map_err(|rejection| ApiError::bad_request(rejection.body_text()))
+    }
+}
