@@ -16,6 +16,7 @@ pub mod feed;
 pub mod http;
 pub mod ingest;
 pub mod job;
+pub mod log_throttle;
 pub mod metrics;
 pub mod requeue;
 pub mod shutdown;

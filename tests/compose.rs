@@ -1,8 +1,9 @@
 //! `docker-compose.yml` and the `Dockerfile` checked without a Docker engine: the compose
 //! file validates with `docker-compose config -q`, has the persistence and health
-//! settings the issue asks for, and every `REDISCHED_*` variable in it loads through the
-//! real config loader into the key its name says (so renaming a config key cannot
-//! silently leave the compose file behind).
+//! settings the issue asks for, publishes its ports on 127.0.0.1 from helper variables, and
+//! every `REDISCHED_*` variable in it loads through the real config loader into the key its
+//! name says (so renaming a config key cannot silently leave the compose file behind).
+//! The stack itself is built and started for real by `scripts/compose-test.sh` (in `.ci/run`).
 
 use std::path::Path;
 use std::process::Command;
@@ -138,6 +139,8 @@ fn compose_file_has_persistence_health_checks_and_volumes() {
         "noeviction",
         "-management",
         "condition: service_healthy",
+        // RabbitMQ is healthy when its listeners accept connections, not when the node answers
+        "check_port_connectivity",
         "redis-data:/data",
         "rabbitmq-data:/var/lib/rabbitmq",
         "/readyz",
@@ -153,6 +156,10 @@ fn compose_file_has_persistence_health_checks_and_volumes() {
         "a healthcheck per service"
     );
     assert_eq!(compose.matches("condition: service_healthy").count(), 2);
+    assert!(
+        !compose.contains(r#""-q", "ping""#),
+        "`rabbitmq-diagnostics ping` passes before the node accepts connections"
+    );
     let volumes = compose
         .split("\nvolumes:\n")
         .nth(1)
@@ -189,4 +196,113 @@ fn docker_compose_validates_the_file() {
         return;
     }
     panic!("neither docker-compose nor `docker compose` is installed: run scripts/browser-deps.sh (installs Debian's docker-compose)");
+}
+
+/// `ports:` entries of the compose file, quotes removed.
+fn published_ports(compose: &str) -> Vec<String> {
+    let mut entries = Vec::new();
+    let mut in_ports = false;
+    for line in compose.lines() {
+        let line = line.trim();
+        if line.starts_with('#') {
+            continue;
+        }
+        if line == "ports:" {
+            in_ports = true;
+        } else if let Some(entry) = line.strip_prefix("- ").filter(|_| in_ports) {
+            entries.push(entry.trim_matches(['"', '\'']).to_string());
+        } else {
+            in_ports = false;
+        }
+    }
+    entries
+}
+
+/// Names of the `${NAME...}` variables a text reads.
+fn variables(text: &str) -> Vec<&str> {
+    text.split("${")
+        .skip(1)
+        .map(|rest| {
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            &rest[..end]
+        })
+        .collect()
+}
+
+#[test]
+fn ports_are_published_on_loopback_by_default_from_helper_variables() {
+    let compose = read("docker-compose.yml");
+    let ports = published_ports(&compose);
+    assert_eq!(
+        ports.len(),
+        3,
+        "AMQP, RabbitMQ management and the HTTP API: {ports:?}"
+    );
+    for entry in &ports {
+        let resolved = interpolate(entry);
+        let parts: Vec<&str> = resolved.split(':').collect();
+        assert_eq!(parts.len(), 3, "{entry}: address:host port:container port");
+        assert_eq!(
+            parts[0], "127.0.0.1",
+            "{entry} listens on loopback by default"
+        );
+        let host_port = entry.split(':').nth(1).unwrap_or_default();
+        assert!(
+            entry.contains("${HOST_PORT_"),
+            "{entry}: the host port comes from a HOST_PORT_* variable (got {host_port:?})"
+        );
+    }
+    // Helper variables must stay out of the config loader's prefix: it refuses unknown
+    // REDISCHED_* variables, and the bridge container would see them if passed through.
+    let config_vars: Vec<String> = redisched_env(&compose)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    for name in variables(&compose) {
+        assert!(
+            !name.starts_with("REDISCHED_") || config_vars.iter().any(|v| v == name),
+            "${{{name}}} starts with REDISCHED_ but is no config key the bridge gets"
+        );
+    }
+    assert_eq!(
+        variables("a ${HOST_PORT_AMQP:-5672}:5672 ${B}"),
+        ["HOST_PORT_AMQP", "B"]
+    );
+}
+
+#[test]
+fn the_release_profile_ships_without_debug_info() {
+    let manifest: toml::Table = read("Cargo.toml").parse().expect("Cargo.toml parses");
+    let profile = |name: &str| {
+        manifest["profile"][name]
+            .as_table()
+            .unwrap_or_else(|| panic!("[profile.{name}]"))
+            .clone()
+    };
+    let release = profile("release");
+    let debug = release.get("debug").map(ToString::to_string);
+    assert!(
+        matches!(debug.as_deref(), Some("0" | "false" | "\"none\"")),
+        "release debug = {debug:?}: the shipped binary carries no debug info"
+    );
+    // symbols for profiling live in their own profile
+    let profiling = profile("profiling");
+    assert_eq!(profiling["inherits"].as_str(), Some("release"));
+}
+
+#[test]
+fn ci_runs_the_real_compose_test_between_the_tests_and_the_benchmark() {
+    let ci = read(".ci/run");
+    let at = |needle: &str| {
+        ci.find(needle)
+            .unwrap_or_else(|| panic!(".ci/run runs {needle}"))
+    };
+    let (tests, compose, bench) = (
+        at("scripts/test.sh"),
+        at("scripts/compose-test.sh"),
+        at("redisched-bench"),
+    );
+    assert!(tests < compose && compose < bench);
 }

@@ -12,7 +12,6 @@
 
 mod common;
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use common::bridge::*;
@@ -40,22 +39,6 @@ fn fault_config(label: &str) -> Config {
 /// plus a prefetch of applied-but-unacked commands.
 fn dup_bound(config: &Config, faults: usize) -> usize {
     faults * (config.dispatch.window + usize::from(config.ingest.prefetch))
-}
-
-fn socket_addr(url: &str) -> SocketAddr {
-    let parsed = url::Url::parse(url).expect("service url");
-    let host = parsed.host_str().expect("host");
-    let port = parsed
-        .port_or_known_default()
-        .unwrap_or(match parsed.scheme() {
-            "redis" => 6379,
-            _ => 5672,
-        });
-    (host, port)
-        .to_socket_addrs()
-        .expect("resolve")
-        .next()
-        .expect("an address")
 }
 
 /// Milliseconds from `since` to the first delivery after it, waiting up to `timeout`.

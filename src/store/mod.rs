@@ -39,7 +39,7 @@ pub use conn::cluster_seeds;
 pub use error::{RejectCode, Rejection, StoreError};
 use exec::Executor;
 pub use keys::{KeySpace, TopicKeys};
-pub use notify::DueHints;
+pub use notify::{DueHints, SUBSCRIPTION_PING_INTERVAL};
 pub use scripts::SOURCES as SCRIPT_SOURCES;
 pub use types::{
     Applied, Batch, Command, Delivered, HistoryEntry, JobInfo, JobState, JobSummary, LastError,

@@ -21,6 +21,12 @@ use super::conn::cluster_seeds;
 use super::Store;
 use crate::job::Topic;
 
+/// How often the subscription proves it is alive with a PING (answered within
+/// `redis.response_timeout_ms`, or it is replaced). Bounds how long a half-open
+/// subscription can hide wake-ups; the rescan (`dispatch.poll_interval_ms`) still
+/// catches up on anything missed meanwhile.
+pub const SUBSCRIPTION_PING_INTERVAL: Duration = Duration::from_secs(5);
+
 /// The board where hints wait for a dispatcher: the earliest hinted due time per
 /// topic, and whether every topic must be looked at again. Fed by ingest (in-process,
 /// for the commands it applied) and by [`Store::follow_notifications`].
@@ -110,7 +116,10 @@ impl Store {
                 Ok(pubsub) => {
                     backoff = Duration::from_millis(100);
                     hints.request_rescan();
-                    let mut messages = pubsub.into_on_message();
+                    let (mut sink, mut messages) = pubsub.split();
+                    let mut health = tokio::time::interval(SUBSCRIPTION_PING_INTERVAL);
+                    health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    health.tick().await; // the first tick is immediate; we just subscribed
                     loop {
                         tokio::select! {
                             _ = shutdown.cancelled() => return,
@@ -125,6 +134,22 @@ impl Store {
                                     break;
                                 }
                             },
+                            _ = health.tick() => {
+                                // A half-open connection (peer gone, no FIN or RST) delivers
+                                // nothing and reports nothing: only a reply proves it alive.
+                                let timeout = self.options.response_timeout;
+                                match tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await {
+                                    Ok(Ok(_)) => {}
+                                    Ok(Err(err)) => {
+                                        tracing::warn!(error = %err, "notification subscription failed its PING; resubscribing");
+                                        break;
+                                    }
+                                    Err(_) => {
+                                        tracing::warn!(?timeout, "notification subscription did not answer PING; resubscribing");
+                                        break;
+                                    }
+                                }
+                            }
                         }
                     }
                 }

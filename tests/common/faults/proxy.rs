@@ -1,6 +1,6 @@
 //! A TCP proxy between the bridge and a service whose connections can be cut or hung.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -181,4 +181,21 @@ async fn pump(
             return;
         }
     }
+}
+
+/// The socket address of a `redis://` or `amqp://` URL, for [`Proxy::start`].
+pub fn socket_addr(url: &str) -> SocketAddr {
+    let parsed = url::Url::parse(url).expect("service url");
+    let host = parsed.host_str().expect("host");
+    let port = parsed
+        .port_or_known_default()
+        .unwrap_or(match parsed.scheme() {
+            "redis" => 6379,
+            _ => 5672,
+        });
+    (host, port)
+        .to_socket_addrs()
+        .expect("resolve")
+        .next()
+        .expect("an address")
 }
