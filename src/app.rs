@@ -148,6 +148,7 @@ async fn connect_store(
     loop {
         match Store::connect(&config.connect_options(), config.limits()).await {
             Ok(store) => {
+                let store = store.with_history_max(config.history.max_per_topic);
                 metrics.redis_up.set(1);
                 tracing::info!(url = %crate::config::redact_url(&config.redis.url), prefix = %config.redis.prefix, "connected to Redis");
                 return Some(store);

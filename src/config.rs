@@ -22,6 +22,7 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub ingest: IngestConfig,
     pub dispatch: DispatchConfig,
+    pub history: HistoryConfig,
     pub http: HttpConfig,
     pub log: LogConfig,
 }
@@ -70,6 +71,8 @@ pub struct LimitsConfig {
     /// Due times further than this from now are refused (never truncated).
     pub max_delay_ms: i64,
     pub max_body_bytes: usize,
+    /// Shortest interval of a recurring job (`x-redisched-every`, `--every`).
+    pub min_interval_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -99,6 +102,17 @@ pub struct DispatchConfig {
     pub poll_interval_ms: u64,
     /// How long shutdown waits for in-flight confirms.
     pub shutdown_grace_ms: u64,
+    /// Failed publishes (unroutable, nack, channel error) of one job, or of one
+    /// occurrence of a series, before it is parked until re-driven; 0 = retry forever.
+    pub max_attempts: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HistoryConfig {
+    /// Outcomes kept per topic (dispatched, deleted, replaced, parked, re-driven),
+    /// newest first; 0 = write none.
+    pub max_per_topic: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -164,6 +178,7 @@ impl Default for LimitsConfig {
         Self {
             max_delay_ms: 366 * 24 * 3_600_000,
             max_body_bytes: 1 << 20,
+            min_interval_ms: 1_000,
         }
     }
 }
@@ -188,6 +203,15 @@ impl Default for DispatchConfig {
             requeue_interval_ms: 1_000,
             poll_interval_ms: 1_000,
             shutdown_grace_ms: 10_000,
+            max_attempts: 0,
+        }
+    }
+}
+
+impl Default for HistoryConfig {
+    fn default() -> Self {
+        Self {
+            max_per_topic: crate::store::DEFAULT_HISTORY_MAX,
         }
     }
 }
@@ -349,6 +373,9 @@ impl Config {
         }
         if self.limits.max_body_bytes == 0 || self.limits.max_body_bytes > 512 << 20 {
             return Err(invalid("limits.max_body_bytes", "must be 1..=512 MiB"));
+        }
+        if self.limits.min_interval_ms == 0 {
+            return Err(invalid("limits.min_interval_ms", "must be > 0"));
         }
         if self.ingest.prefetch == 0 {
             return Err(invalid("ingest.prefetch", "must be > 0"));

@@ -19,6 +19,7 @@ pub mod job;
 pub mod log_throttle;
 pub mod metrics;
 pub mod requeue;
+pub mod schedule;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;

@@ -35,8 +35,23 @@ pub mod headers {
     pub const TOPIC: &str = "x-redisched-topic";
     pub const DUE_AT: &str = "x-redisched-due-at";
     pub const ATTEMPT: &str = "x-redisched-attempt";
+    /// A recurring job: its interval in ms (integer, or a numeric string).
+    pub const EVERY: &str = "x-redisched-every";
+    /// A recurring job: a cron expression (5 fields, or 6 with leading seconds) ...
+    pub const CRON: &str = "x-redisched-cron";
+    /// ... evaluated in this IANA time zone (default `UTC`).
+    pub const TZ: &str = "x-redisched-tz";
     /// Control headers: consumed by the bridge, never stored or forwarded.
     pub const CONTROL: [&str; 4] = [DELAY, DELIVER_AT, OP, ID];
+    /// Headers the bridge writes on what it publishes. On a command they are ignored and
+    /// dropped (never stored or forwarded), so a set-aside command can be re-published
+    /// once fixed, and a delivered job re-published as a command, without being refused.
+    pub const OUTPUT: [&str; 4] = [ERROR, TOPIC, DUE_AT, ATTEMPT];
+    /// Every `x-redisched-*` header a command may carry; any other is refused, so a
+    /// producer never silently gets other semantics than it asked for.
+    pub const KNOWN: [&str; 9] = [OP, ID, EVERY, CRON, TZ, ERROR, TOPIC, DUE_AT, ATTEMPT];
+    /// The prefix of the bridge's own headers (compared ignoring ASCII case).
+    pub const PREFIX: &str = "x-redisched-";
 }
 
 /// The AMQP error boundary.

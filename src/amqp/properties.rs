@@ -13,7 +13,10 @@ use crate::store::ReservedJob;
 
 /// The part of a command's properties that is stored and forwarded: content type and
 /// encoding, type, app id, correlation id, priority, timestamp, and every header but
-/// the control ones. Deliberately left behind: `message_id` (the job id travels on
+/// the control ones and the bridge's own output headers (`x-redisched-error`, `-topic`,
+/// `-due-at`, `-attempt`: written afresh on each delivery). Schedule headers
+/// (`x-redisched-every`, `-cron`, `-tz`) are kept: each occurrence carries them as given.
+/// Deliberately left behind: `message_id` (the job id travels on
 /// its own), `reply_to` (it addresses the command's reply), `expiration` (a TTL meant
 /// for the command queue must not silently expire the delivered job), `user_id` (the
 /// broker rejects a publish whose user_id is not the publishing user), `delivery_mode`
@@ -44,7 +47,8 @@ pub fn forwardable(props: &BasicProperties) -> AMQPProperties {
     if let Some(table) = props.headers() {
         let mut rest = FieldTable::default();
         for (key, value) in table {
-            if !headers::CONTROL.contains(&key.as_str()) {
+            let key_str = key.as_str();
+            if !headers::CONTROL.contains(&key_str) && !headers::OUTPUT.contains(&key_str) {
                 rest.insert(key.clone(), value.clone());
             }
         }

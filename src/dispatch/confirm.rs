@@ -9,17 +9,20 @@ use lapin::{Confirmation, PublisherConfirm};
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
-use super::{retry_delay, ServerClock};
+use super::{record_failure, retry_delay, ServerClock};
 use crate::config::Config;
 use crate::feed::{Event, Feed};
 use crate::metrics::Metrics;
-use crate::store::{Lease, Store};
+use crate::schedule::Schedule;
+use crate::store::{Delivered, Lease, NextDue, Store};
 
 /// Releases are batched up to this many per round trip.
 const RELEASE_BATCH: usize = 500;
 
 pub(crate) struct InFlight {
     pub lease: Lease,
+    /// A series occurrence: released with its next occurrence.
+    pub schedule: Option<Schedule>,
     pub due_at: i64,
     pub attempt: u32,
     pub confirm: PublisherConfirm,
@@ -29,6 +32,7 @@ pub(crate) struct InFlight {
 
 struct Acked {
     lease: Lease,
+    schedule: Option<Schedule>,
     due_at: i64,
     attempt: u32,
     _permit: OwnedSemaphorePermit,
@@ -62,6 +66,7 @@ impl Confirmer {
             let Some(flight) = next else { break };
             let InFlight {
                 lease,
+                schedule,
                 due_at,
                 attempt,
                 confirm,
@@ -73,6 +78,7 @@ impl Confirmer {
                 Ok(Confirmation::Ack(None)) => {
                     acked.push(Acked {
                         lease,
+                        schedule,
                         due_at,
                         attempt,
                         _permit: permit,
@@ -84,35 +90,68 @@ impl Confirmer {
                 Ok(Confirmation::Ack(Some(returned))) => {
                     self.metrics.unroutable_returns.inc();
                     tracing::warn!(topic = %lease.topic, id = %lease.id, reply = %returned.reply_text, "job unroutable (no queue bound for its topic); kept and retried");
-                    self.hand_back(&lease, retry_delay(&self.config, attempt), "unroutable")
-                        .await;
+                    let reason = format!("unroutable: {}", returned.reply_text);
+                    self.hand_back(
+                        &lease,
+                        retry_delay(&self.config, attempt),
+                        "unroutable",
+                        &reason,
+                    )
+                    .await;
                 }
                 Ok(Confirmation::Nack(_)) => {
                     tracing::warn!(topic = %lease.topic, id = %lease.id, "broker nacked a job; kept and retried");
-                    self.hand_back(&lease, retry_delay(&self.config, attempt), "nack")
+                    self.hand_back(&lease, retry_delay(&self.config, attempt), "nack", "nack")
                         .await;
                 }
                 Ok(Confirmation::NotRequested) | Err(_) => {
                     // The channel died before the broker answered: the job may or may
                     // not be queued. Making it due again now risks a duplicate, never
                     // a loss.
-                    self.hand_back(&lease, Duration::ZERO, "error").await;
+                    let reason = match &confirmation {
+                        Err(err) => format!("channel error: {err}"),
+                        _ => "channel error: no publisher confirm".to_owned(),
+                    };
+                    self.hand_back(&lease, Duration::ZERO, "error", &reason)
+                        .await;
                 }
             }
         }
         self.release(&mut acked).await;
     }
 
-    /// Deletes the acked jobs from Redis. While Redis is unreachable this keeps trying
-    /// and keeps the window permits, so dispatch pauses rather than piling up work.
+    /// Releases the acked jobs in Redis: deletes one-shot jobs, moves each series to
+    /// its next occurrence (the first one strictly after both now and the delivered
+    /// occurrence: occurrences missed while no bridge ran collapse into the one just
+    /// delivered). While Redis is unreachable this keeps trying and keeps the window
+    /// permits, so dispatch pauses rather than piling up work.
     async fn release(&self, acked: &mut Vec<Acked>) {
         if acked.is_empty() {
             return;
         }
-        let leases: Vec<Lease> = acked.iter().map(|a| a.lease.clone()).collect();
+        // The server's clock as last read (it can only lag it): a next occurrence a
+        // hair in the past is simply due at once, never early.
+        let now = self.clock.now();
+        let leases: Vec<Delivered> = acked
+            .iter()
+            .map(|a| Delivered {
+                lease: a.lease.clone(),
+                next_due: match &a.schedule {
+                    None => NextDue::OneShot,
+                    Some(schedule) => match schedule.next_occurrence(a.due_at, now) {
+                        Some(next) => NextDue::At(next),
+                        None => {
+                            tracing::warn!(topic = %a.lease.topic, id = %a.lease.id, %schedule,
+                                "series has no further occurrence; it ends");
+                            NextDue::End
+                        }
+                    },
+                },
+            })
+            .collect();
         let mut backoff = Duration::from_millis(100);
         loop {
-            match self.store.release(&leases).await {
+            match self.store.release_delivered(&leases).await {
                 Ok(released) => {
                     if (released as usize) < leases.len() {
                         tracing::debug!(
@@ -146,12 +185,16 @@ impl Confirmer {
         }
     }
 
-    async fn hand_back(&self, lease: &Lease, delay: Duration, reason: &str) {
-        self.metrics.retry(reason);
-        match self.store.retry(lease, delay).await {
-            Ok(_) => {}
-            Err(err) => tracing::warn!(topic = %lease.topic, id = %lease.id, error = %err,
-                "could not put a refused job back; it is requeued after its time-to-run"),
-        }
+    async fn hand_back(&self, lease: &Lease, delay: Duration, kind: &str, reason: &str) {
+        record_failure(
+            &self.store,
+            &self.config,
+            &self.metrics,
+            lease,
+            delay,
+            kind,
+            reason,
+        )
+        .await;
     }
 }

@@ -24,8 +24,9 @@ use crate::config::Config;
 use crate::feed::Feed;
 use crate::job::Topic;
 use crate::metrics::Metrics;
+use crate::schedule::Schedule;
 use crate::store::ReservedJob;
-use crate::store::{DueHints, Lease, Store};
+use crate::store::{DueHints, Lease, RetryOutcome, Store};
 pub use clock::ServerClock;
 use confirm::{Confirmer, InFlight};
 
@@ -34,6 +35,11 @@ const RESERVE_GROUP: usize = 64;
 
 /// Topics whose earliest due time one rescan step re-reads.
 pub const RESCAN_CHUNK: usize = 1000;
+
+/// How long a topic found paused is left out of the plan before a rescan looks at it
+/// again. A resume wakes dispatchers at once (Pub/Sub); this only bounds the wait after
+/// a resume that notified no one (e.g. `resume.lua` called without the channel).
+const PAUSED_RECHECK: Duration = Duration::from_secs(5);
 
 /// What the dispatcher knows between AMQP sessions: when each topic is next due,
 /// indexed both ways so a tick costs O(log topics), not a pass over all of them.
@@ -46,6 +52,9 @@ pub struct Plan {
     cursor: u64,
     /// Rotates the starting topic so a hot topic cannot starve the others.
     turn: usize,
+    /// Topics the reserve script found paused, and when: their due jobs wait, so the
+    /// plan leaves them out instead of asking again on every pass (no spinning).
+    paused: HashMap<Topic, Instant>,
 }
 
 impl Plan {
@@ -78,6 +87,35 @@ impl Plan {
 
     fn earliest(&self) -> Option<i64> {
         self.by_due.first().map(|(due, _)| *due)
+    }
+
+    /// A reserve reply: a paused topic leaves the plan until a hint (resume, put) or
+    /// [`PAUSED_RECHECK`]; otherwise its next due time is recorded.
+    fn reserved(&mut self, topic: &Topic, paused: bool, next_due: Option<i64>) {
+        if paused {
+            self.paused.insert(topic.clone(), Instant::now());
+            self.set(topic, None);
+        } else {
+            self.paused.remove(topic);
+            self.set(topic, next_due);
+        }
+    }
+
+    /// A hint: the topic's head moved earlier, or it was resumed.
+    fn hinted(&mut self, topic: Topic, due: i64) {
+        self.paused.remove(&topic);
+        self.lower(topic, due);
+    }
+
+    /// A rescan's reading of a topic's head; a topic recently found paused is skipped.
+    fn rescanned(&mut self, topic: &Topic, head: Option<i64>) {
+        match self.paused.get(topic) {
+            Some(at) if at.elapsed() < PAUSED_RECHECK => self.set(topic, None),
+            _ => {
+                self.paused.remove(topic);
+                self.set(topic, head);
+            }
+        }
     }
 }
 
@@ -215,7 +253,7 @@ impl Dispatcher {
         poll: Duration,
     ) -> Result<(), crate::store::StoreError> {
         for (topic, due) in self.hints.take_hints() {
-            plan.lower(topic, due);
+            plan.hinted(topic, due);
         }
         let full = self.hints.take_rescan() || plan.last_rescan.is_none();
         let rescan_due = plan.last_rescan.is_none_or(|at| at.elapsed() >= poll);
@@ -259,7 +297,7 @@ impl Dispatcher {
         let mut reserved = Vec::with_capacity(group.len());
         for (topic, batch) in group.iter().zip(batches) {
             self.clock.observe(batch.now);
-            plan.set(topic, batch.next_due);
+            plan.reserved(topic, batch.paused, batch.next_due);
             if !batch.corrupt.is_empty() {
                 self.metrics
                     .corrupt_records
@@ -299,10 +337,10 @@ impl Dispatcher {
                     .publish(channel, &topic, job.clone(), permit, in_flight)
                     .await
                 {
-                    self.hand_back(&topic, std::iter::once(job).chain(jobs).collect())
+                    self.hand_back(&topic, std::iter::once(job).chain(jobs).collect(), &err)
                         .await;
                     for (topic, jobs) in topics {
-                        self.hand_back(&topic, jobs).await;
+                        self.hand_back(&topic, jobs, &err).await;
                     }
                     return Err(err);
                 }
@@ -319,6 +357,30 @@ impl Dispatcher {
         permit: tokio::sync::OwnedSemaphorePermit,
         in_flight: &mpsc::UnboundedSender<InFlight>,
     ) -> Result<(), AmqpError> {
+        let lease = Lease {
+            topic: topic.clone(),
+            id: job.id.clone(),
+            token: job.token,
+        };
+        // A series occurrence is only published if its next occurrence can be computed
+        // at release; a spec in another client's convention is a failure on the job.
+        let schedule = match job.spec.as_deref().map(Schedule::from_spec) {
+            None => None,
+            Some(Ok(schedule)) => Some(schedule),
+            Some(Err(err)) => {
+                drop(permit);
+                let reason = format!("unreadable schedule spec: {err}");
+                tracing::error!(%topic, id = %job.id, %reason, "series not delivered");
+                self.record_failure(
+                    &lease,
+                    retry_delay(&self.config, job.attempt),
+                    "error",
+                    &reason,
+                )
+                .await;
+                return Ok(());
+            }
+        };
         let stored = decode_meta(&job.meta).unwrap_or_else(|err| {
             tracing::warn!(%topic, id = %job.id, %err, "job metadata unreadable; delivering without it");
             Default::default()
@@ -338,11 +400,8 @@ impl Dispatcher {
             .await?;
         self.metrics.publishes_in_flight.inc();
         let flight = InFlight {
-            lease: Lease {
-                topic: topic.clone(),
-                id: job.id,
-                token: job.token,
-            },
+            lease,
+            schedule,
             due_at: job.due_at,
             attempt: job.attempt,
             confirm,
@@ -353,17 +412,32 @@ impl Dispatcher {
         Ok(())
     }
 
-    async fn hand_back(&self, topic: &Topic, jobs: Vec<ReservedJob>) {
+    /// Hands back jobs reserved but not published because the channel failed: due
+    /// again now, the failure recorded on each (it counts towards `max_attempts`).
+    async fn hand_back(&self, topic: &Topic, jobs: Vec<ReservedJob>, error: &AmqpError) {
+        let reason = format!("channel error: {error}");
         for job in jobs {
             let lease = Lease {
                 topic: topic.clone(),
                 id: job.id,
                 token: job.token,
             };
-            if let Err(err) = self.store.retry(&lease, Duration::ZERO).await {
-                tracing::warn!(%topic, id = %lease.id, error = %err, "could not hand back a reserved job; it is requeued after its time-to-run");
-            }
+            self.record_failure(&lease, Duration::ZERO, "error", &reason)
+                .await;
         }
+    }
+
+    async fn record_failure(&self, lease: &Lease, delay: Duration, kind: &str, reason: &str) {
+        record_failure(
+            &self.store,
+            &self.config,
+            &self.metrics,
+            lease,
+            delay,
+            kind,
+            reason,
+        )
+        .await;
     }
 
     /// Re-reads the earliest due time of the next [`RESCAN_CHUNK`] known topics, or of
@@ -375,12 +449,14 @@ impl Dispatcher {
         self.clock.observe(now);
         if full {
             plan.cursor = 0;
+            // Notifications may have been missed: ask every topic again.
+            plan.paused.clear();
         }
         loop {
             let (next, topics) = self.store.scan_topics(plan.cursor, RESCAN_CHUNK).await?;
             let heads = self.store.next_due_times(&topics).await?;
             for (topic, head) in topics.into_iter().zip(heads) {
-                plan.set(&topic, head);
+                plan.rescanned(&topic, head);
             }
             plan.cursor = next;
             if !full || next == 0 {
@@ -440,6 +516,31 @@ fn watch_blocked(connection: &Connection, shutdown: CancellationToken) -> watch:
     rx
 }
 
+/// Hands a job whose publish failed back to the store with `reason` (shown as its
+/// `last_error`); parks it once its failures reach `dispatch.max_attempts` (0 = never).
+/// `kind` labels the retry metric (`nack`, `unroutable`, `error`).
+pub(crate) async fn record_failure(
+    store: &Store,
+    config: &Config,
+    metrics: &Metrics,
+    lease: &Lease,
+    delay: Duration,
+    kind: &str,
+    reason: &str,
+) {
+    metrics.retry(kind);
+    let max_attempts = config.dispatch.max_attempts;
+    match store.retry_failed(lease, delay, reason, max_attempts).await {
+        Ok(RetryOutcome::Parked) => tracing::warn!(
+            topic = %lease.topic, id = %lease.id, %reason, max_attempts,
+            "job parked after too many failed publishes; re-drive it once the cause is fixed"
+        ),
+        Ok(RetryOutcome::Retried | RetryOutcome::Stale) => {}
+        Err(err) => tracing::warn!(topic = %lease.topic, id = %lease.id, error = %err,
+            "could not hand back a job whose publish failed; it is requeued after its time-to-run"),
+    }
+}
+
 /// Delay before retrying a job the broker refused: doubles per attempt, capped.
 pub fn retry_delay(config: &Config, attempt: u32) -> Duration {
     let min = config.dispatch.retry_min_ms;
@@ -472,6 +573,31 @@ mod tests {
         plan.set(&t("b"), Some(400));
         assert_eq!(plan.due(1_000), vec![t("c"), t("b")]);
         assert_eq!(plan.next_due.len(), plan.by_due.len(), "both indexes agree");
+    }
+
+    #[test]
+    fn a_paused_topic_leaves_the_plan_until_a_hint_or_the_recheck() {
+        let mut plan = Plan::default();
+        plan.set(&t("paused"), Some(100));
+        plan.set(&t("flowing"), Some(100));
+        // The reserve script refused the paused topic: it is no longer due, so the loop
+        // does not ask again and again, while the other topic stays planned.
+        plan.reserved(&t("paused"), true, None);
+        assert_eq!(plan.due(1_000), vec![t("flowing")]);
+        // A rescan soon after does not bring it back ...
+        plan.rescanned(&t("paused"), Some(100));
+        assert_eq!(plan.due(1_000), vec![t("flowing")]);
+        // ... a hint (the resume notification, a put) does, at once.
+        plan.hinted(t("paused"), 100);
+        assert_eq!(plan.due(1_000), vec![t("flowing"), t("paused")]);
+        assert!(plan.paused.is_empty());
+        // Found paused again, then the recheck interval passes: a rescan looks again.
+        plan.reserved(&t("paused"), true, None);
+        if let Some(at) = plan.paused.get_mut(&t("paused")) {
+            *at -= PAUSED_RECHECK;
+        }
+        plan.rescanned(&t("paused"), Some(100));
+        assert_eq!(plan.due(1_000), vec![t("flowing"), t("paused")]);
     }
 
     #[test]

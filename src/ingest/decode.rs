@@ -2,7 +2,9 @@
 //!
 //! The rules are the wire contract (README, "Commands in"): routing key = topic,
 //! `message_id` = job id, `x-redisched-op` = put | replace | delete, `x-delay` (ms) or
-//! `x-deliver-at` (epoch ms) for the due time, body stored verbatim.
+//! `x-deliver-at` (epoch ms) for the due time, body stored verbatim; a put or replace
+//! may carry `x-redisched-every` or `x-redisched-cron` (+ `x-redisched-tz`) to make the
+//! job a recurring series (README, "Recurring schedules over AMQP").
 
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
@@ -11,7 +13,8 @@ use lapin::BasicProperties;
 use crate::amqp::{encode_meta, forwardable, headers, job_id, with_plugin_delay};
 use crate::job::float_millis;
 use crate::job::{Due, JobId, PutMode, Topic};
-use crate::store::{Limits, Op, PutRequest};
+use crate::schedule::Schedule;
+use crate::store::{Command, Limits, Op, PutRequest};
 
 /// Why a command cannot be applied; becomes the `x-redisched-error` header.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -22,6 +25,14 @@ fn invalid(reason: impl Into<String>) -> Invalid {
     Invalid(reason.into())
 }
 
+/// What decoding checks a command against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    pub limits: Limits,
+    /// `limits.min_interval_ms`: the shortest `x-redisched-every`.
+    pub min_interval_ms: u64,
+}
+
 /// The op a command asks for, as named in `x-redisched-op`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OpName {
@@ -30,12 +41,81 @@ enum OpName {
     Delete,
 }
 
-pub fn decode(delivery: &Delivery, limits: Limits) -> Result<Op, Invalid> {
+/// Where a cron series' first occurrence is looked for; resolved against the Redis
+/// server's clock by [`Decoded::resolve`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CronStart {
+    /// No `x-delay` / `x-deliver-at`: the first match strictly after now.
+    AfterNow,
+    /// `x-delay`: the first match at or after now + delay.
+    AtOrAfterDelay(i64),
+    /// `x-deliver-at`: the first match at or after it (a past time means now).
+    AtOrAfter(i64),
+}
+
+/// A decoded command. A cron series still needs "now" (the Redis server's clock) for its
+/// first occurrence: [`Decoded::needs_now`], then [`Decoded::resolve`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decoded {
+    op: Op,
+    schedule: Option<Schedule>,
+    cron_start: Option<CronStart>,
+}
+
+impl Decoded {
+    pub fn op(&self) -> &Op {
+        &self.op
+    }
+
+    pub fn schedule(&self) -> Option<&Schedule> {
+        self.schedule.as_ref()
+    }
+
+    /// Whether [`Decoded::resolve`] needs the server's clock (a cron series).
+    pub fn needs_now(&self) -> bool {
+        self.cron_start.is_some()
+    }
+
+    /// The store command; `now_ms` is the Redis server's clock (only read for a cron
+    /// series: its first occurrence is a match at or after the computed start, so it is
+    /// never before what the producer asked for).
+    pub fn resolve(self, now_ms: i64) -> Result<Command, Invalid> {
+        let Decoded {
+            mut op,
+            schedule,
+            cron_start,
+        } = self;
+        if let (Some(start), Some(schedule), Op::Put(put)) = (cron_start, &schedule, &mut op) {
+            let first = match start {
+                CronStart::AfterNow => schedule.next_after(now_ms),
+                CronStart::AtOrAfterDelay(delay) => {
+                    schedule.first_at_or_after(now_ms.saturating_add(delay.max(0)))
+                }
+                CronStart::AtOrAfter(at) => schedule.first_at_or_after(at.max(now_ms)),
+            };
+            let first = first.ok_or_else(|| {
+                invalid(format!(
+                    "{} {:?} has no occurrence after the requested start",
+                    headers::CRON,
+                    schedule.cron_expr().unwrap_or_default()
+                ))
+            })?;
+            put.due = Due::At(first);
+        }
+        let schedule = match &schedule {
+            Some(schedule) => Some(schedule.store_spec().map_err(|e| invalid(e.to_string()))?),
+            None => None,
+        };
+        Ok(Command { op, schedule })
+    }
+}
+
+pub fn decode(delivery: &Delivery, rules: Rules) -> Result<Decoded, Invalid> {
     decode_parts(
         delivery.routing_key.as_str(),
         &delivery.properties,
         &delivery.data,
-        limits,
+        rules,
     )
 }
 
@@ -43,8 +123,9 @@ pub fn decode_parts(
     routing_key: &str,
     props: &BasicProperties,
     body: &[u8],
-    limits: Limits,
-) -> Result<Op, Invalid> {
+    rules: Rules,
+) -> Result<Decoded, Invalid> {
+    let limits = rules.limits;
     let topic =
         Topic::new(routing_key).map_err(|e| invalid(format!("bad topic (routing key): {e}")))?;
     let id = job_id(props).map_err(invalid)?.ok_or_else(|| {
@@ -61,6 +142,9 @@ pub fn decode_parts(
     let id = JobId::new(&id).map_err(|e| invalid(format!("bad {source}: {e}")))?;
     let table = props.headers().as_ref();
     let header = |name: &str| table.and_then(|t| t.inner().get(name));
+    if let Some(table) = table {
+        refuse_unknown_headers(table)?;
+    }
 
     let op = match header(headers::OP) {
         None => OpName::Put,
@@ -78,8 +162,18 @@ pub fn decode_parts(
         },
     };
     if op == OpName::Delete {
-        return Ok(Op::Delete { topic, id });
+        return Ok(Decoded {
+            op: Op::Delete { topic, id },
+            schedule: None,
+            cron_start: None,
+        });
     }
+    let schedule = schedule(
+        header(headers::EVERY),
+        header(headers::CRON),
+        header(headers::TZ),
+        rules.min_interval_ms,
+    )?;
 
     let due = match (header(headers::DELAY), header(headers::DELIVER_AT)) {
         (Some(_), Some(_)) => {
@@ -99,13 +193,13 @@ pub fn decode_parts(
                     limits.max_delay_ms
                 )));
             }
-            due
+            Some(due)
         }
         (None, Some(at)) => {
             let (ms, given) = millis(at, headers::DELIVER_AT)?;
-            Due::at(headers::DELIVER_AT, &given, ms).map_err(|e| invalid(e.to_string()))?
+            Some(Due::at(headers::DELIVER_AT, &given, ms).map_err(|e| invalid(e.to_string()))?)
         }
-        (None, None) => Due::NOW,
+        (None, None) => None,
     };
     if body.len() > limits.max_body_bytes {
         return Err(invalid(format!(
@@ -114,25 +208,150 @@ pub fn decode_parts(
             limits.max_body_bytes
         )));
     }
+    // The first occurrence of a series: as given, else one interval from now; a cron
+    // series' is found once the server's clock is known (`Decoded::resolve`).
+    let (due, cron_start) = match (&schedule, due) {
+        (Some(Schedule::Every { ms }), None) => {
+            (Due::Delay(i64::try_from(*ms).unwrap_or(i64::MAX)), None)
+        }
+        (Some(Schedule::Cron { .. }), given) => (
+            Due::NOW,
+            Some(match given {
+                None => CronStart::AfterNow,
+                Some(Due::Delay(ms)) => CronStart::AtOrAfterDelay(ms),
+                Some(Due::At(at)) => CronStart::AtOrAfter(at),
+            }),
+        ),
+        (_, given) => (given.unwrap_or(Due::NOW), None),
+    };
     let delivered = match due {
         // As the delayed-message plugin does: consumers written for it read x-delay.
-        Due::Delay(ms) if header(headers::DELAY).is_some() => {
+        // Not for a series: its later occurrences were never delayed by that much.
+        Due::Delay(ms) if schedule.is_none() && header(headers::DELAY).is_some() => {
             with_plugin_delay(forwardable(props), ms)
         }
         _ => forwardable(props),
     };
-    Ok(Op::Put(PutRequest {
-        topic,
-        id,
-        body: body.to_vec(),
-        meta: encode_meta(&delivered),
-        due,
-        mode: if op == OpName::Replace {
-            PutMode::Replace
-        } else {
-            PutMode::Keep
-        },
-    }))
+    Ok(Decoded {
+        op: Op::Put(PutRequest {
+            topic,
+            id,
+            body: body.to_vec(),
+            meta: encode_meta(&delivered),
+            due,
+            mode: if op == OpName::Replace {
+                PutMode::Replace
+            } else {
+                PutMode::Keep
+            },
+        }),
+        schedule,
+        cron_start,
+    })
+}
+
+/// Refuses any `x-redisched-*` header (any case) the bridge does not know.
+fn refuse_unknown_headers(table: &lapin::types::FieldTable) -> Result<(), Invalid> {
+    let mut unknown: Vec<&str> = table
+        .inner()
+        .keys()
+        .map(|key| key.as_str())
+        .filter(|key| {
+            key.get(..headers::PREFIX.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(headers::PREFIX))
+                && !headers::KNOWN.contains(key)
+        })
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    unknown.sort_unstable();
+    Err(invalid(format!(
+        "unknown header{} {} (a command may carry {}, {}, {}, {}, {})",
+        if unknown.len() == 1 { "" } else { "s" },
+        unknown.join(", "),
+        headers::OP,
+        headers::ID,
+        headers::EVERY,
+        headers::CRON,
+        headers::TZ,
+    )))
+}
+
+/// The schedule a put or replace asks for, if any.
+fn schedule(
+    every: Option<&AMQPValue>,
+    cron: Option<&AMQPValue>,
+    tz: Option<&AMQPValue>,
+    min_interval_ms: u64,
+) -> Result<Option<Schedule>, Invalid> {
+    match (every, cron, tz) {
+        (Some(_), Some(_), _) => Err(invalid(format!(
+            "both {} and {} are set; give one",
+            headers::EVERY,
+            headers::CRON
+        ))),
+        (Some(_), None, Some(_)) | (None, None, Some(_)) => Err(invalid(format!(
+            "{} is only used with {}",
+            headers::TZ,
+            headers::CRON
+        ))),
+        (Some(every), None, None) => {
+            let bad =
+                |e: crate::schedule::ScheduleError| invalid(format!("{}: {e}", headers::EVERY));
+            let schedule = match integer(every) {
+                Some(ms) => Schedule::every(ms, min_interval_ms).map_err(bad)?,
+                None => match text(every) {
+                    Some(given) => Schedule::parse_every(&given, min_interval_ms).map_err(bad)?,
+                    None => {
+                        return Err(invalid(format!(
+                            "{} must be an integer number of milliseconds (or a numeric string), got {}",
+                            headers::EVERY,
+                            show(every)
+                        )))
+                    }
+                },
+            };
+            Ok(Some(schedule))
+        }
+        (None, Some(cron), tz) => {
+            let expr = text(cron).ok_or_else(|| {
+                invalid(format!(
+                    "{} must be a text cron expression, got {}",
+                    headers::CRON,
+                    show(cron)
+                ))
+            })?;
+            let zone = match tz {
+                None => None,
+                Some(value) => Some(text(value).ok_or_else(|| {
+                    invalid(format!(
+                        "{} must be a text IANA time zone name, got {}",
+                        headers::TZ,
+                        show(value)
+                    ))
+                })?),
+            };
+            Schedule::cron(&expr, zone.as_deref())
+                .map(Some)
+                .map_err(|e| invalid(format!("{}: {e}", headers::CRON)))
+        }
+        (None, None, None) => Ok(None),
+    }
+}
+
+/// An integer header of any AMQP width.
+fn integer(value: &AMQPValue) -> Option<i64> {
+    Some(match value {
+        AMQPValue::ShortShortInt(v) => i64::from(*v),
+        AMQPValue::ShortShortUInt(v) => i64::from(*v),
+        AMQPValue::ShortInt(v) => i64::from(*v),
+        AMQPValue::ShortUInt(v) => i64::from(*v),
+        AMQPValue::LongInt(v) => i64::from(*v),
+        AMQPValue::LongUInt(v) => i64::from(*v),
+        AMQPValue::LongLongInt(v) => *v,
+        _ => return None,
+    })
 }
 
 /// The op name a delivery asks for, for metrics and replies even when it is invalid.
@@ -253,6 +472,18 @@ mod tests {
         max_body_bytes: 16,
     };
 
+    const RULES: Rules = Rules {
+        limits: LIMITS,
+        min_interval_ms: 1000,
+    };
+
+    /// The op a command decodes to (resolved at a fixed "now").
+    fn dp(topic: &str, props: &BasicProperties, body: &[u8]) -> Result<Op, Invalid> {
+        decode_parts(topic, props, body, RULES)
+            .and_then(|d| d.resolve(NOW))
+            .map(|c| c.op)
+    }
+
     fn props(headers: &[(&str, AMQPValue)]) -> BasicProperties {
         let mut table = FieldTable::default();
         for (k, v) in headers {
@@ -264,11 +495,14 @@ mod tests {
     }
 
     fn due(headers: &[(&str, AMQPValue)]) -> Result<Due, Invalid> {
-        match decode_parts("t", &props(headers), b"body", LIMITS)? {
+        match dp("t", &props(headers), b"body")? {
             Op::Put(put) => Ok(put.due),
             Op::Delete { .. } => panic!("not a put"),
         }
     }
+
+    /// 2026-12-01T00:00:00Z, a Tuesday.
+    const NOW: i64 = 1_796_083_200_000;
 
     fn s(v: &str) -> AMQPValue {
         AMQPValue::LongString(LongString::from(v))
@@ -331,14 +565,9 @@ mod tests {
 
     #[test]
     fn ops_ids_topics_and_bodies() {
-        let delete = decode_parts("t", &props(&[("x-redisched-op", s("delete"))]), b"", LIMITS);
+        let delete = dp("t", &props(&[("x-redisched-op", s("delete"))]), b"");
         assert!(matches!(delete, Ok(Op::Delete { .. })));
-        let replace = decode_parts(
-            "t",
-            &props(&[("x-redisched-op", s("replace"))]),
-            b"",
-            LIMITS,
-        );
+        let replace = dp("t", &props(&[("x-redisched-op", s("replace"))]), b"");
         assert!(matches!(
             replace,
             Ok(Op::Put(PutRequest {
@@ -346,32 +575,292 @@ mod tests {
                 ..
             }))
         ));
-        let unknown = decode_parts("t", &props(&[("x-redisched-op", s("upsert"))]), b"", LIMITS);
+        let unknown = dp("t", &props(&[("x-redisched-op", s("upsert"))]), b"");
         assert!(unknown.expect_err("unknown").0.contains("upsert"));
 
-        let no_id = decode_parts("t", &BasicProperties::default(), b"", LIMITS);
+        let no_id = dp("t", &BasicProperties::default(), b"");
         assert!(no_id.expect_err("no id").0.contains("message_id"));
 
         // Shell producers (amqp-publish) name the job in a header instead.
         let mut table = FieldTable::default();
         table.insert(headers::ID.into(), s("from-header"));
         let header_only = BasicProperties::default().with_headers(table.clone());
-        match decode_parts("t", &header_only, b"", LIMITS) {
+        match dp("t", &header_only, b"") {
             Ok(Op::Put(put)) => assert_eq!(put.id.as_str(), "from-header"),
             other => panic!("{other:?}"),
         }
         let both_differ = header_only.clone().with_message_id("other".into());
-        let err = decode_parts("t", &both_differ, b"", LIMITS).expect_err("differ");
+        let err = dp("t", &both_differ, b"").expect_err("differ");
         assert!(err.0.contains("differ"), "{err}");
         let both_same = header_only.with_message_id("from-header".into());
-        assert!(decode_parts("t", &both_same, b"", LIMITS).is_ok());
-        let bad_topic = decode_parts("a{b}", &props(&[]), b"", LIMITS);
+        assert!(dp("t", &both_same, b"").is_ok());
+        let bad_topic = dp("a{b}", &props(&[]), b"");
         assert!(bad_topic.expect_err("braces").0.contains("topic"));
-        assert!(
-            decode_parts("t", &props(&[]), &[0u8; 16], LIMITS).is_ok(),
-            "at the limit"
-        );
-        let big = decode_parts("t", &props(&[]), &[0u8; 17], LIMITS);
+        assert!(dp("t", &props(&[]), &[0u8; 16]).is_ok(), "at the limit");
+        let big = dp("t", &props(&[]), &[0u8; 17]);
         assert!(big.expect_err("too big").0.contains("17 bytes"));
+    }
+
+    /// A command decoded and resolved at [`NOW`]: its due time and stored spec.
+    fn series(headers: &[(&str, AMQPValue)]) -> Result<(Due, Option<String>), Invalid> {
+        let command = decode_parts("t", &props(headers), b"body", RULES)?.resolve(NOW)?;
+        match command.op {
+            Op::Put(put) => Ok((
+                put.due,
+                command.schedule.map(|spec| spec.as_str().to_owned()),
+            )),
+            Op::Delete { .. } => panic!("not a put"),
+        }
+    }
+
+    fn refused(headers: &[(&str, AMQPValue)]) -> String {
+        series(headers).expect_err("refused").0
+    }
+
+    #[test]
+    fn interval_series_in_every_integer_width_and_as_text() {
+        let every = |v: AMQPValue| series(&[("x-redisched-every", v)]);
+        let expect = Ok((Due::Delay(60_000), Some("every:60000".to_owned())));
+        assert_eq!(every(AMQPValue::LongInt(60_000)), expect);
+        assert_eq!(every(AMQPValue::LongUInt(60_000)), expect);
+        assert_eq!(every(AMQPValue::LongLongInt(60_000)), expect);
+        assert_eq!(every(s("60000")), expect);
+        assert_eq!(every(s(" 1m ")), expect);
+        assert_eq!(
+            every(AMQPValue::ShortUInt(1000)),
+            Ok((Due::Delay(1000), Some("every:1000".to_owned())))
+        );
+        // A first occurrence given explicitly wins over "one interval from now".
+        assert_eq!(
+            series(&[
+                ("x-redisched-every", AMQPValue::LongInt(5000)),
+                ("x-delay", AMQPValue::LongInt(10)),
+            ]),
+            Ok((Due::Delay(10), Some("every:5000".to_owned())))
+        );
+        assert_eq!(
+            series(&[
+                ("x-redisched-every", AMQPValue::LongInt(5000)),
+                ("x-deliver-at", AMQPValue::LongLongInt(NOW + 7)),
+            ]),
+            Ok((Due::At(NOW + 7), Some("every:5000".to_owned())))
+        );
+    }
+
+    #[test]
+    fn cron_series_first_occurrence_on_the_server_clock() {
+        // NOW is Tuesday 2026-12-01T00:00:00Z.
+        let hour = 3_600_000;
+        assert_eq!(
+            series(&[("x-redisched-cron", s("0 9 * * *"))]),
+            Ok((
+                Due::At(NOW + 9 * hour),
+                Some("cron:0 9 * * *|UTC".to_owned())
+            ))
+        );
+        assert_eq!(
+            series(&[
+                ("x-redisched-cron", s("0 9 * * MON-FRI")),
+                ("x-redisched-tz", s("Europe/Berlin")),
+            ]),
+            Ok((
+                Due::At(NOW + 8 * hour),
+                Some("cron:0 9 * * MON-FRI|Europe/Berlin".to_owned())
+            ))
+        );
+        // Strictly after now without a start; at or after the start with one.
+        assert_eq!(
+            series(&[("x-redisched-cron", s("0 0 * * *"))]).map(|r| r.0),
+            Ok(Due::At(NOW + 24 * hour))
+        );
+        assert_eq!(
+            series(&[
+                ("x-redisched-cron", s("0 0 * * *")),
+                ("x-delay", AMQPValue::LongInt(0)),
+            ])
+            .map(|r| r.0),
+            Ok(Due::At(NOW))
+        );
+        assert_eq!(
+            series(&[
+                ("x-redisched-cron", s("*/2 * * * * *")),
+                ("x-delay", AMQPValue::LongInt(3_000)),
+            ])
+            .map(|r| r.0),
+            Ok(Due::At(NOW + 4_000))
+        );
+        assert_eq!(
+            series(&[
+                ("x-redisched-cron", s("0 9 * * *")),
+                ("x-deliver-at", AMQPValue::LongLongInt(NOW + 10 * hour)),
+            ])
+            .map(|r| r.0),
+            Ok(Due::At(NOW + 33 * hour))
+        );
+        // A past start means now.
+        assert_eq!(
+            series(&[
+                ("x-redisched-cron", s("0 9 * * *")),
+                ("x-deliver-at", AMQPValue::LongLongInt(1_000)),
+            ])
+            .map(|r| r.0),
+            Ok(Due::At(NOW + 9 * hour))
+        );
+    }
+
+    #[test]
+    fn bad_schedules_are_refused_with_a_reason() {
+        let err = refused(&[
+            ("x-redisched-every", AMQPValue::LongInt(5000)),
+            ("x-redisched-cron", s("* * * * *")),
+        ]);
+        assert!(
+            err.contains("both x-redisched-every and x-redisched-cron"),
+            "{err}"
+        );
+        let err = refused(&[("x-redisched-tz", s("Europe/Berlin"))]);
+        assert!(
+            err.contains("x-redisched-tz is only used with x-redisched-cron"),
+            "{err}"
+        );
+        let err = refused(&[
+            ("x-redisched-every", AMQPValue::LongInt(5000)),
+            ("x-redisched-tz", s("UTC")),
+        ]);
+        assert!(err.contains("only used with"), "{err}");
+        let err = refused(&[("x-redisched-cron", s("0 25 * * *"))]);
+        assert!(
+            err.starts_with("x-redisched-cron:") && err.contains("invalid"),
+            "{err}"
+        );
+        let err = refused(&[("x-redisched-cron", s("0 9 * *"))]);
+        assert!(err.contains("expected 5"), "{err}");
+        let err = refused(&[
+            ("x-redisched-cron", s("0 9 * * *")),
+            ("x-redisched-tz", s("Europe/Atlantis")),
+        ]);
+        assert!(
+            err.contains("unknown time zone \"Europe/Atlantis\""),
+            "{err}"
+        );
+        let err = refused(&[("x-redisched-cron", s("0 0 30 2 *"))]);
+        assert!(err.contains("never fires"), "{err}");
+        let err = refused(&[("x-redisched-every", AMQPValue::LongInt(999))]);
+        assert!(err.contains("below the minimum of 1000 ms"), "{err}");
+        let err = refused(&[("x-redisched-every", s("0"))]);
+        assert!(err.contains("positive"), "{err}");
+        let err = refused(&[("x-redisched-every", AMQPValue::LongInt(-5))]);
+        assert!(err.contains("positive"), "{err}");
+        let err = refused(&[("x-redisched-every", s("often"))]);
+        assert!(
+            err.contains("x-redisched-every") && err.contains("often"),
+            "{err}"
+        );
+        let err = refused(&[("x-redisched-every", AMQPValue::Double(1500.0))]);
+        assert!(err.contains("integer number of milliseconds"), "{err}");
+        let err = refused(&[("x-redisched-cron", AMQPValue::LongInt(5))]);
+        assert!(err.contains("text cron expression"), "{err}");
+        let err = refused(&[
+            ("x-redisched-cron", s("* * * * *")),
+            ("x-redisched-tz", AMQPValue::Boolean(true)),
+        ]);
+        assert!(err.contains("text IANA time zone"), "{err}");
+    }
+
+    #[test]
+    fn unknown_bridge_headers_are_refused_and_output_headers_ignored() {
+        let err = refused(&[("x-redisched-evry", AMQPValue::LongInt(5000))]);
+        assert!(err.contains("unknown header x-redisched-evry"), "{err}");
+        let err = refused(&[("X-Redisched-Op", s("delete"))]);
+        assert!(err.contains("unknown header X-Redisched-Op"), "{err}");
+        let err = dp(
+            "t",
+            &props(&[
+                ("x-redisched-op", s("delete")),
+                ("x-redisched-priority", s("high")),
+                ("x-redisched-ttl", s("5")),
+            ]),
+            b"",
+        )
+        .expect_err("even on a delete");
+        assert!(
+            err.0
+                .contains("unknown headers x-redisched-priority, x-redisched-ttl"),
+            "{err}"
+        );
+        // Headers the bridge writes itself: a fixed set-aside command or a delivered
+        // job re-published as a command is accepted, and they are not stored.
+        let command = decode_parts(
+            "t",
+            &props(&[
+                ("x-redisched-error", s("old reason")),
+                ("x-redisched-topic", s("t")),
+                ("x-redisched-due-at", AMQPValue::LongLongInt(5)),
+                ("x-redisched-attempt", AMQPValue::LongLongInt(2)),
+                ("x-redisched-every", AMQPValue::LongInt(5000)),
+                ("other", s("kept")),
+            ]),
+            b"",
+            RULES,
+        )
+        .and_then(|d| d.resolve(NOW))
+        .expect("accepted");
+        let Op::Put(put) = command.op else {
+            panic!("a put")
+        };
+        let stored = crate::amqp::decode_meta(&put.meta).expect("meta");
+        let headers = stored.headers().clone().expect("headers");
+        let mut names: Vec<&str> = headers.inner().keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        // The schedule header travels with each occurrence as given.
+        assert_eq!(names, ["other", "x-redisched-every"]);
+    }
+
+    #[test]
+    fn replace_and_delete_with_schedules() {
+        let replace = decode_parts(
+            "t",
+            &props(&[
+                ("x-redisched-op", s("replace")),
+                ("x-redisched-cron", s("*/5 * * * *")),
+                ("x-redisched-tz", s("America/New_York")),
+            ]),
+            b"",
+            RULES,
+        )
+        .expect("valid");
+        assert!(replace.needs_now());
+        let command = replace.resolve(NOW).expect("resolved");
+        assert_eq!(
+            command.schedule.map(|s| s.as_str().to_owned()),
+            Some("cron:*/5 * * * *|America/New_York".to_owned())
+        );
+        assert!(matches!(
+            command.op,
+            Op::Put(PutRequest {
+                mode: PutMode::Replace,
+                due: Due::At(at),
+                ..
+            }) if at == NOW + 300_000
+        ));
+        // A delete ends a series whatever else it carries.
+        let delete = decode_parts(
+            "t",
+            &props(&[
+                ("x-redisched-op", s("delete")),
+                ("x-redisched-every", AMQPValue::LongInt(1)),
+            ]),
+            b"",
+            RULES,
+        )
+        .expect("valid");
+        assert!(!delete.needs_now());
+        assert!(matches!(delete.op(), Op::Delete { .. }));
+        // A one-shot put stays one-shot.
+        let plain = decode_parts("t", &props(&[]), b"", RULES)
+            .expect("valid")
+            .resolve(NOW)
+            .expect("resolved");
+        assert_eq!(plain.schedule, None);
     }
 }

@@ -27,8 +27,8 @@ use crate::config::Config;
 use crate::feed::{Event, Feed};
 use crate::metrics::Metrics;
 use crate::store::PutStatus;
-use crate::store::{Applied, DueHints, Op, Store, StoreError};
-pub use decode::{decode, decode_parts, Invalid};
+use crate::store::{Applied, Command, DueHints, Op, Store, StoreError};
+pub use decode::{decode, decode_parts, Decoded, Invalid, Rules};
 
 pub struct Ingest {
     pub store: Store,
@@ -109,24 +109,48 @@ impl Ingest {
         batch: Vec<Delivery>,
         shutdown: &CancellationToken,
     ) -> Result<bool, AmqpError> {
-        let limits = self.store.limits();
-        let decoded: Vec<Result<Op, Invalid>> = batch.iter().map(|d| decode(d, limits)).collect();
-        let ops: Vec<Op> = decoded
+        let rules = Rules {
+            limits: self.store.limits(),
+            min_interval_ms: self.config.limits.min_interval_ms,
+        };
+        let decoded: Vec<Result<Decoded, Invalid>> =
+            batch.iter().map(|d| decode(d, rules)).collect();
+        // A cron series' first occurrence is computed on the Redis server's clock, the
+        // one every due time refers to: one TIME call for a batch that has any.
+        let needs_now = decoded
+            .iter()
+            .any(|d| d.as_ref().is_ok_and(Decoded::needs_now));
+        let now = if needs_now {
+            let Some(now) = self.until_done(shutdown, || self.store.server_time()).await else {
+                return Ok(false);
+            };
+            now
+        } else {
+            0
+        };
+        let commands: Vec<Result<Command, Invalid>> = decoded
+            .into_iter()
+            .map(|d| d.and_then(|d| d.resolve(now)))
+            .collect();
+        let ops: Vec<Command> = commands
             .iter()
             .filter_map(|d| d.as_ref().ok().cloned())
             .collect();
-        let Some(mut applied) = self.apply_until_done(&ops, shutdown).await else {
+        let Some(mut applied) = self
+            .until_done(shutdown, || self.store.apply_commands(&ops))
+            .await
+        else {
             return Ok(false);
         };
         applied.reverse();
 
         let mut set_aside: Vec<PublisherConfirm> = Vec::new();
-        for (delivery, decoded) in batch.iter().zip(decoded) {
-            let outcome = match decoded {
+        for (delivery, command) in batch.iter().zip(commands) {
+            let outcome = match command {
                 Err(invalid) => Outcome::Invalid(invalid.0),
-                Ok(op) => match applied.pop() {
+                Ok(command) => match applied.pop() {
                     Some(Ok(done)) => {
-                        self.after_applied(&op, done);
+                        self.after_applied(&command.op, done);
                         Outcome::Applied(done)
                     }
                     Some(Err(rejection)) => Outcome::Invalid(rejection.to_string()),
@@ -156,16 +180,17 @@ impl Ingest {
         Ok(true)
     }
 
-    /// Retries while Redis is unreachable: a command is never acked before it was
-    /// applied, so an outage stalls intake instead of losing commands.
-    async fn apply_until_done(
-        &self,
-        ops: &[Op],
-        shutdown: &CancellationToken,
-    ) -> Option<Vec<Result<Applied, crate::store::Rejection>>> {
+    /// Retries a store call while Redis is unreachable: a command is never acked before
+    /// it was applied, so an outage stalls intake instead of losing commands. `None` on
+    /// shutdown.
+    async fn until_done<T, F, Fut>(&self, shutdown: &CancellationToken, mut call: F) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
         let mut backoff = Duration::from_millis(100);
         loop {
-            match self.store.apply(ops).await {
+            match call().await {
                 Ok(results) => {
                     self.metrics.redis_up.set(1);
                     return Some(results);

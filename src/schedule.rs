@@ -1,0 +1,582 @@
+//! The schedule of a recurring job: an interval (`every`) or a cron expression in an IANA
+//! time zone (`cron` + `tz`), and when its occurrences fall.
+//!
+//! Cron expressions are parsed and evaluated by the `croner` crate, zones come from
+//! `chrono-tz` (the IANA database compiled in). An expression has 5 fields (minute hour
+//! day-of-month month day-of-week) or 6 (a leading seconds field); ranges, lists, steps,
+//! `*`, month names (`JAN`..`DEC`) and day names (`SUN`..`SAT`) are accepted. When both
+//! day-of-month and day-of-week are restricted, a day matching either fires (Vixie cron).
+//!
+//! # Time zones and daylight saving time
+//!
+//! An expression is matched against the **local wall clock** of its zone, so
+//! `0 9 * * *` in `Europe/Berlin` fires at 09:00 local time on both sides of a change
+//! (07:00 UTC in summer, 08:00 UTC in winter).
+//!
+//! - **Skipped local times** (spring forward, e.g. 02:00–02:59 in Berlin on the last
+//!   Sunday of March): a schedule at one fixed time of day (single second, minute and
+//!   hour, e.g. `30 2 * * *`) fires once at the first instant after the gap (03:00 local);
+//!   a schedule with wildcards or steps in the time fields (e.g. `*/15 * * * *`) simply
+//!   has no occurrences in the missing hour.
+//! - **Repeated local times** (fall back, e.g. 02:00–02:59 twice in Berlin on the last
+//!   Sunday of October): a fixed-time schedule fires once, at the first (summer time)
+//!   instant; a schedule with wildcards or steps fires in both passes of the hour.
+//!
+//! An interval (`every`) ignores zones: occurrences are exactly `ms` apart.
+//!
+//! # Spec strings
+//!
+//! [`Schedule::to_spec`] writes the opaque spec the store keeps with a series
+//! (lua/README.md, *Recurring series*): `every:<ms>` or `cron:<expr>|<tz>`; the zone is
+//! always written (`UTC` by default). [`Schedule::from_spec`] reads it back.
+use std::str::FromStr;
+
+use chrono::{DateTime, TimeZone, Utc};
+use chrono_tz::Tz;
+use croner::parser::{CronParser, Seconds, Year};
+use serde::Serialize;
+
+use crate::store::ScheduleSpec;
+
+/// Zone of a cron schedule given without one.
+pub const DEFAULT_TZ: &str = "UTC";
+/// Longest spec the store keeps (`put.lua`).
+const MAX_SPEC_BYTES: usize = 256;
+/// Longest interval: 100 years, far beyond any `max_delay_ms`, and safe from overflow.
+const MAX_INTERVAL_MS: u64 = 100 * 366 * 24 * 3_600_000;
+
+/// A bad schedule, in the terms of the user who wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    #[error("interval must be a positive number of milliseconds, got {0}")]
+    NotPositive(i64),
+    #[error(
+        "interval {interval_ms} ms is below the minimum of {min_ms} ms (limits.min_interval_ms)"
+    )]
+    BelowMinimum { interval_ms: u64, min_ms: u64 },
+    #[error("interval {0} ms is too long (at most {MAX_INTERVAL_MS} ms)")]
+    TooLong(u64),
+    #[error(
+        "interval {text:?} is neither milliseconds nor a duration like 15m or 1h30m: {reason}"
+    )]
+    BadInterval { text: String, reason: String },
+    #[error("cron expression {expr:?} has {fields} fields; expected 5 (minute hour day-of-month month day-of-week) or 6 (a leading seconds field)")]
+    FieldCount { expr: String, fields: usize },
+    #[error("cron expression {expr:?} is invalid: {reason}")]
+    BadCron { expr: String, reason: String },
+    #[error("cron expression {0:?} never fires")]
+    NeverFires(String),
+    #[error("unknown time zone {0:?}; use an IANA name such as Europe/Berlin or UTC")]
+    UnknownZone(String),
+    #[error("schedule is too long: at most {MAX_SPEC_BYTES} bytes with its time zone")]
+    SpecTooLong,
+    #[error("unrecognised schedule spec {0:?} (expected every:<ms> or cron:<expr>|<tz>)")]
+    BadSpec(String),
+}
+
+/// When a recurring job's occurrences fall.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Schedule {
+    /// Occurrences `ms` apart, counted from the first due time.
+    Every { ms: u64 },
+    /// A cron expression (whitespace normalised) evaluated in the IANA zone `tz`.
+    Cron { expr: String, tz: String },
+}
+
+/// How a schedule shows in views (JSON): `{"every_ms": 900000}` or
+/// `{"cron": "0 9 * * MON-FRI", "tz": "Europe/Berlin"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ScheduleView {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub every_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tz: Option<String>,
+}
+
+impl Schedule {
+    /// An interval of `ms` milliseconds, at least `min_interval_ms`.
+    pub fn every(ms: i64, min_interval_ms: u64) -> Result<Schedule, ScheduleError> {
+        let ms = u64::try_from(ms)
+            .ok()
+            .filter(|&ms| ms > 0)
+            .ok_or(ScheduleError::NotPositive(ms))?;
+        if ms < min_interval_ms {
+            return Err(ScheduleError::BelowMinimum {
+                interval_ms: ms,
+                min_ms: min_interval_ms,
+            });
+        }
+        if ms > MAX_INTERVAL_MS {
+            return Err(ScheduleError::TooLong(ms));
+        }
+        Ok(Schedule::Every { ms })
+    }
+
+    /// An interval written as milliseconds (`900000`) or a duration (`15m`, `1h30m`).
+    pub fn parse_every(text: &str, min_interval_ms: u64) -> Result<Schedule, ScheduleError> {
+        let trimmed = text.trim();
+        let bad = |reason: String| ScheduleError::BadInterval {
+            text: text.to_owned(),
+            reason,
+        };
+        let ms: i64 = if !trimmed.is_empty()
+            && trimmed
+                .strip_prefix('-')
+                .unwrap_or(trimmed)
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        {
+            trimmed
+                .parse()
+                .map_err(|_| bad("number out of range".to_owned()))?
+        } else {
+            let duration = humantime::parse_duration(trimmed).map_err(|e| bad(e.to_string()))?;
+            i64::try_from(duration.as_millis()).map_err(|_| ScheduleError::TooLong(u64::MAX))?
+        };
+        Schedule::every(ms, min_interval_ms)
+    }
+
+    /// A cron expression (5 fields, or 6 with leading seconds) in the IANA zone `tz`
+    /// (default `UTC`). Refused: another field count, a field croner cannot parse, an
+    /// unknown zone, an expression that never fires.
+    pub fn cron(expr: &str, tz: Option<&str>) -> Result<Schedule, ScheduleError> {
+        let fields: Vec<&str> = expr.split_whitespace().collect();
+        if fields.len() != 5 && fields.len() != 6 {
+            return Err(ScheduleError::FieldCount {
+                expr: expr.to_owned(),
+                fields: fields.len(),
+            });
+        }
+        let expr = fields.join(" ");
+        let tz_name = tz.map(str::trim).unwrap_or(DEFAULT_TZ);
+        let zone = parse_zone(tz_name)?;
+        let parsed = parse_cron(&expr)?;
+        // Without a year field a pattern that fires at all fires within 28 years (the
+        // calendar repeats); croner gives up after its search limit, so one search from a
+        // fixed point tells "never" reliably and the same way on every machine.
+        let reference = zone.timestamp_opt(946_684_800, 0).single(); // 2000-01-01T00:00Z
+        let fires =
+            reference.is_some_and(|start| parsed.find_next_occurrence(&start, false).is_ok());
+        if !fires {
+            return Err(ScheduleError::NeverFires(expr));
+        }
+        let schedule = Schedule::Cron {
+            expr,
+            tz: zone.name().to_owned(),
+        };
+        if schedule.to_spec().len() > MAX_SPEC_BYTES {
+            return Err(ScheduleError::SpecTooLong);
+        }
+        Ok(schedule)
+    }
+
+    /// Reads a spec written by [`Schedule::to_spec`] (or any client following the
+    /// convention). An interval is not held to today's minimum: it was accepted when put.
+    pub fn from_spec(spec: &str) -> Result<Schedule, ScheduleError> {
+        if let Some(ms) = spec.strip_prefix("every:") {
+            let ms: i64 = ms
+                .parse()
+                .map_err(|_| ScheduleError::BadSpec(spec.to_owned()))?;
+            return Schedule::every(ms, 1);
+        }
+        if let Some((expr, tz)) = spec.strip_prefix("cron:").and_then(|c| c.rsplit_once('|')) {
+            return Schedule::cron(expr, Some(tz));
+        }
+        Err(ScheduleError::BadSpec(spec.to_owned()))
+    }
+
+    /// The opaque spec string the store keeps: `every:<ms>` or `cron:<expr>|<tz>`.
+    pub fn to_spec(&self) -> String {
+        match self {
+            Schedule::Every { ms } => format!("every:{ms}"),
+            Schedule::Cron { expr, tz } => format!("cron:{expr}|{tz}"),
+        }
+    }
+
+    /// The spec as the store's type (valid by construction of `Schedule`).
+    pub fn store_spec(&self) -> Result<ScheduleSpec, ScheduleError> {
+        ScheduleSpec::new(self.to_spec()).map_err(|_| ScheduleError::SpecTooLong)
+    }
+
+    pub fn every_ms(&self) -> Option<u64> {
+        match self {
+            Schedule::Every { ms } => Some(*ms),
+            Schedule::Cron { .. } => None,
+        }
+    }
+
+    pub fn cron_expr(&self) -> Option<&str> {
+        match self {
+            Schedule::Cron { expr, .. } => Some(expr),
+            Schedule::Every { .. } => None,
+        }
+    }
+
+    /// Alias of [`Schedule::cron_expr`] for views.
+    pub fn cron_str(&self) -> Option<&str> {
+        self.cron_expr()
+    }
+
+    pub fn tz(&self) -> Option<&str> {
+        match self {
+            Schedule::Cron { tz, .. } => Some(tz),
+            Schedule::Every { .. } => None,
+        }
+    }
+
+    /// The serde-friendly description for views.
+    pub fn view(&self) -> ScheduleView {
+        ScheduleView {
+            every_ms: self.every_ms(),
+            cron: self.cron_expr().map(str::to_owned),
+            tz: self.tz().map(str::to_owned),
+        }
+    }
+
+    /// The first occurrence strictly after `after_ms` (epoch ms). For an interval that is
+    /// `after_ms + ms`; for cron the next match (whole seconds). `None` if there is none
+    /// representable (out of range) or the spec no longer evaluates.
+    pub fn next_after(&self, after_ms: i64) -> Option<i64> {
+        match self {
+            Schedule::Every { ms } => after_ms.checked_add(i64::try_from(*ms).ok()?),
+            Schedule::Cron { expr, tz } => cron_next(expr, tz, after_ms, false),
+        }
+    }
+
+    /// The first occurrence at or after `ms`: `ms` itself for an interval (a series may
+    /// start at any instant), the first cron match at or after it.
+    pub fn first_at_or_after(&self, ms: i64) -> Option<i64> {
+        match self {
+            Schedule::Every { .. } => Some(ms),
+            Schedule::Cron { expr, tz } => cron_next(expr, tz, ms, true),
+        }
+    }
+
+    /// The occurrence to schedule when the occurrence due at `due_ms` is released at
+    /// `now_ms`: the first one strictly after both (missed occurrences are coalesced).
+    /// An interval stays on its grid (`due + k·ms`), so its phase never drifts.
+    pub fn next_occurrence(&self, due_ms: i64, now_ms: i64) -> Option<i64> {
+        match self {
+            Schedule::Every { ms } => {
+                let ms = i64::try_from(*ms).ok()?;
+                let behind = now_ms.saturating_sub(due_ms).max(0);
+                let steps = behind / ms + 1;
+                due_ms.checked_add(steps.checked_mul(ms)?)
+            }
+            Schedule::Cron { .. } => self.next_after(due_ms.max(now_ms)),
+        }
+    }
+}
+
+impl std::fmt::Display for Schedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Schedule::Every { ms } => {
+                let text = humantime::format_duration(std::time::Duration::from_millis(*ms));
+                write!(f, "every {text}")
+            }
+            Schedule::Cron { expr, tz } => write!(f, "cron '{expr}' ({tz})"),
+        }
+    }
+}
+
+fn parse_zone(name: &str) -> Result<Tz, ScheduleError> {
+    if name.is_empty() || name.contains('|') {
+        return Err(ScheduleError::UnknownZone(name.to_owned()));
+    }
+    Tz::from_str(name).map_err(|_| ScheduleError::UnknownZone(name.to_owned()))
+}
+
+fn parse_cron(expr: &str) -> Result<croner::Cron, ScheduleError> {
+    if expr.contains(['|', '@']) {
+        return Err(ScheduleError::BadCron {
+            expr: expr.to_owned(),
+            reason: "'|' and '@' are not allowed".to_owned(),
+        });
+    }
+    CronParser::builder()
+        .seconds(Seconds::Optional)
+        .year(Year::Disallowed)
+        .build()
+        .parse(expr)
+        .map_err(|e| ScheduleError::BadCron {
+            expr: expr.to_owned(),
+            reason: e.to_string(),
+        })
+}
+
+/// Next match of `expr` in `tz` after (or, `inclusive`, at) `ms`. Croner works in whole
+/// seconds: an inclusive search starts at the next whole second so it never returns a time
+/// before `ms`.
+fn cron_next(expr: &str, tz: &str, ms: i64, inclusive: bool) -> Option<i64> {
+    let zone = parse_zone(tz).ok()?;
+    let cron = parse_cron(expr).ok()?;
+    let start_ms = if inclusive {
+        ms.checked_add(999)?.div_euclid(1000) * 1000
+    } else {
+        ms
+    };
+    let start: DateTime<Tz> = Utc
+        .timestamp_millis_opt(start_ms)
+        .single()?
+        .with_timezone(&zone);
+    let next = cron.find_next_occurrence(&start, inclusive).ok()?;
+    let next_ms = next.timestamp_millis();
+    // Croner compares whole seconds; keep "strictly after" / "at or after" exact.
+    let ok = if inclusive {
+        next_ms >= ms
+    } else {
+        next_ms > ms
+    };
+    if ok {
+        Some(next_ms)
+    } else {
+        cron_next(expr, tz, next_ms, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(rfc3339: &str) -> i64 {
+        DateTime::parse_from_rfc3339(rfc3339)
+            .unwrap()
+            .timestamp_millis()
+    }
+
+    fn berlin_nine() -> Schedule {
+        Schedule::cron("0 9 * * *", Some("Europe/Berlin")).unwrap()
+    }
+
+    #[test]
+    fn intervals() {
+        assert_eq!(
+            Schedule::every(900_000, 1000),
+            Ok(Schedule::Every { ms: 900_000 })
+        );
+        assert_eq!(
+            Schedule::every(999, 1000),
+            Err(ScheduleError::BelowMinimum {
+                interval_ms: 999,
+                min_ms: 1000
+            })
+        );
+        assert_eq!(Schedule::every(0, 0), Err(ScheduleError::NotPositive(0)));
+        assert_eq!(Schedule::every(-5, 0), Err(ScheduleError::NotPositive(-5)));
+        assert!(matches!(
+            Schedule::every(i64::MAX, 0),
+            Err(ScheduleError::TooLong(_))
+        ));
+        assert_eq!(
+            Schedule::parse_every("900000", 1000),
+            Ok(Schedule::Every { ms: 900_000 })
+        );
+        assert_eq!(
+            Schedule::parse_every("15m", 1000),
+            Ok(Schedule::Every { ms: 900_000 })
+        );
+        assert_eq!(
+            Schedule::parse_every("1h30m", 1000),
+            Ok(Schedule::Every { ms: 5_400_000 })
+        );
+        assert!(matches!(
+            Schedule::parse_every("soon", 1000),
+            Err(ScheduleError::BadInterval { .. })
+        ));
+        assert!(matches!(
+            Schedule::parse_every("-1", 1000),
+            Err(ScheduleError::NotPositive(-1))
+        ));
+        assert!(matches!(
+            Schedule::parse_every("500ms", 1000),
+            Err(ScheduleError::BelowMinimum { .. })
+        ));
+        let every = Schedule::Every { ms: 1000 };
+        assert_eq!(every.next_after(5_000), Some(6_000));
+        assert_eq!(every.first_at_or_after(5_123), Some(5_123));
+        assert_eq!(every.to_string(), "every 1s");
+    }
+
+    #[test]
+    fn interval_next_occurrence_keeps_the_grid_and_coalesces() {
+        let every = Schedule::Every { ms: 1000 };
+        // Released on time: the next grid point.
+        assert_eq!(every.next_occurrence(10_000, 10_000), Some(11_000));
+        assert_eq!(every.next_occurrence(10_000, 10_400), Some(11_000));
+        // Released late by 3.5 intervals: missed occurrences collapse into one, and the
+        // next one is the first grid point in the future.
+        assert_eq!(every.next_occurrence(10_000, 13_500), Some(14_000));
+        assert_eq!(every.next_occurrence(10_000, 13_000), Some(14_000));
+        // A clock behind the due time still moves forward.
+        assert_eq!(every.next_occurrence(10_000, 9_000), Some(11_000));
+    }
+
+    #[test]
+    fn specs_round_trip() {
+        let every = Schedule::Every { ms: 900_000 };
+        assert_eq!(every.to_spec(), "every:900000");
+        assert_eq!(Schedule::from_spec("every:900000"), Ok(every));
+        let cron = Schedule::cron("0  9 * *   MON-FRI", Some("Europe/Berlin")).unwrap();
+        assert_eq!(cron.to_spec(), "cron:0 9 * * MON-FRI|Europe/Berlin");
+        assert_eq!(Schedule::from_spec(&cron.to_spec()), Ok(cron.clone()));
+        assert_eq!(cron.cron_expr(), Some("0 9 * * MON-FRI"));
+        assert_eq!(cron.tz(), Some("Europe/Berlin"));
+        assert_eq!(cron.every_ms(), None);
+        assert_eq!(cron.store_spec().unwrap().as_str(), cron.to_spec());
+        assert_eq!(
+            Schedule::cron("* * * * *", None).unwrap().to_spec(),
+            "cron:* * * * *|UTC"
+        );
+        assert!(matches!(
+            Schedule::from_spec("weekly"),
+            Err(ScheduleError::BadSpec(_))
+        ));
+        assert!(matches!(
+            Schedule::from_spec("every:x"),
+            Err(ScheduleError::BadSpec(_))
+        ));
+        assert_eq!(
+            serde_json::to_value(cron.view()).unwrap(),
+            serde_json::json!({"cron": "0 9 * * MON-FRI", "tz": "Europe/Berlin"})
+        );
+        assert_eq!(
+            serde_json::to_value(Schedule::Every { ms: 5 }.view()).unwrap(),
+            serde_json::json!({"every_ms": 5})
+        );
+    }
+
+    #[test]
+    fn cron_errors_are_clear() {
+        let err = Schedule::cron("0 9 * *", None).unwrap_err();
+        assert!(matches!(err, ScheduleError::FieldCount { fields: 4, .. }));
+        assert!(err.to_string().contains("expected 5"));
+        assert!(matches!(
+            Schedule::cron("0 0 0 9 * * * 2030", None),
+            Err(ScheduleError::FieldCount { fields: 8, .. })
+        ));
+        assert!(matches!(
+            Schedule::cron("@daily", None),
+            Err(ScheduleError::FieldCount { .. })
+        ));
+        assert!(matches!(
+            Schedule::cron("61 * * * *", None),
+            Err(ScheduleError::BadCron { .. })
+        ));
+        assert!(matches!(
+            Schedule::cron("0 9 * * FUNDAY", None),
+            Err(ScheduleError::BadCron { .. })
+        ));
+        let err = Schedule::cron("0 9 * * *", Some("Mars/Olympus")).unwrap_err();
+        assert_eq!(err, ScheduleError::UnknownZone("Mars/Olympus".into()));
+        assert!(err.to_string().contains("IANA"));
+        assert!(matches!(
+            Schedule::cron("0 9 * * *", Some("")),
+            Err(ScheduleError::UnknownZone(_))
+        ));
+        let err = Schedule::cron("0 0 30 2 *", None).unwrap_err();
+        assert_eq!(err, ScheduleError::NeverFires("0 0 30 2 *".into()));
+        assert!(err.to_string().contains("never fires"));
+        assert!(matches!(
+            Schedule::cron("0 0 31 4,6,9,11 *", None),
+            Err(ScheduleError::NeverFires(_))
+        ));
+    }
+
+    #[test]
+    fn cron_names_ranges_lists_steps() {
+        let weekdays = Schedule::cron("0 9 * * MON-FRI", None).unwrap();
+        // 2026-12-04 is a Friday: next is Monday 2026-12-07 09:00 UTC.
+        assert_eq!(
+            weekdays.next_after(ms("2026-12-04T10:00:00Z")),
+            Some(ms("2026-12-07T09:00:00Z"))
+        );
+        let months = Schedule::cron("30 6 1 jan,jul *", None).unwrap();
+        assert_eq!(
+            months.next_after(ms("2026-02-01T00:00:00Z")),
+            Some(ms("2026-07-01T06:30:00Z"))
+        );
+        let steps = Schedule::cron("*/15 8-9 * * *", None).unwrap();
+        assert_eq!(
+            steps.next_after(ms("2026-12-01T09:45:00Z")),
+            Some(ms("2026-12-02T08:00:00Z"))
+        );
+        assert_eq!(
+            steps.next_after(ms("2026-12-01T08:14:59.999Z")),
+            Some(ms("2026-12-01T08:15:00Z"))
+        );
+    }
+
+    #[test]
+    fn six_fields_even_seconds() {
+        let even = Schedule::cron("*/2 * * * * *", None).unwrap();
+        let start = ms("2026-12-01T00:00:00Z");
+        let mut at = start;
+        for step in 1..=5 {
+            at = even.next_after(at).unwrap();
+            assert_eq!(at, start + step * 2000);
+        }
+        // Strictly after, also from inside a second.
+        assert_eq!(even.next_after(start + 500), Some(start + 2000));
+        assert_eq!(even.first_at_or_after(start), Some(start));
+        assert_eq!(even.first_at_or_after(start + 1), Some(start + 2000));
+        assert_eq!(even.first_at_or_after(start + 1500), Some(start + 2000));
+    }
+
+    #[test]
+    fn berlin_nine_across_dst() {
+        let nine = berlin_nine();
+        // Spring forward on Sunday 2027-03-28: 09:00 CET = 08:00Z on Saturday, 09:00 CEST
+        // = 07:00Z on Sunday and after.
+        let sat = ms("2027-03-27T08:00:00Z");
+        assert_eq!(nine.next_after(ms("2027-03-26T08:00:00Z")), Some(sat));
+        let sun = nine.next_after(sat).unwrap();
+        assert_eq!(sun, ms("2027-03-28T07:00:00Z"));
+        assert_eq!(sun - sat, 23 * 3_600_000);
+        // Fall back on Sunday 2027-10-31.
+        let sat = nine.next_after(ms("2027-10-30T00:00:00Z")).unwrap();
+        assert_eq!(sat, ms("2027-10-30T07:00:00Z"));
+        let sun = nine.next_after(sat).unwrap();
+        assert_eq!(sun, ms("2027-10-31T08:00:00Z"));
+        assert_eq!(sun - sat, 25 * 3_600_000);
+        // Coalescing a release late by days lands on the next 09:00 local after now.
+        assert_eq!(
+            nine.next_occurrence(ms("2027-03-20T08:00:00Z"), ms("2027-03-28T12:00:00Z")),
+            Some(ms("2027-03-29T07:00:00Z"))
+        );
+    }
+
+    #[test]
+    fn berlin_skipped_and_repeated_local_times() {
+        // 02:30 does not exist on 2027-03-28 in Berlin: a fixed time fires at 03:00 CEST.
+        let half_past_two = Schedule::cron("30 2 * * *", Some("Europe/Berlin")).unwrap();
+        assert_eq!(
+            half_past_two.next_after(ms("2027-03-27T12:00:00Z")),
+            Some(ms("2027-03-28T01:00:00Z"))
+        );
+        // 02:30 happens twice on 2027-10-31: a fixed time fires once, in summer time.
+        let first = half_past_two
+            .next_after(ms("2027-10-30T12:00:00Z"))
+            .unwrap();
+        assert_eq!(first, ms("2027-10-31T00:30:00Z"));
+        assert_eq!(
+            half_past_two.next_after(first),
+            Some(ms("2027-11-01T01:30:00Z"))
+        );
+        // A stepped schedule has no occurrences in the skipped hour ...
+        let quarter = Schedule::cron("*/15 2 * * *", Some("Europe/Berlin")).unwrap();
+        assert_eq!(
+            quarter.next_after(ms("2027-03-28T00:50:00Z")),
+            Some(ms("2027-03-29T00:00:00Z"))
+        );
+        // ... and fires in both passes of the repeated one.
+        let last_summer = quarter.next_after(ms("2027-10-31T00:40:00Z")).unwrap();
+        assert_eq!(last_summer, ms("2027-10-31T00:45:00Z"));
+        assert_eq!(
+            quarter.next_after(last_summer),
+            Some(ms("2027-10-31T01:00:00Z"))
+        );
+    }
+}
