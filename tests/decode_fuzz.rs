@@ -11,9 +11,26 @@ use lapin::types::{
 use lapin::BasicProperties;
 use proptest::prelude::*;
 use redisched::amqp::{decode_meta, encode_meta};
-use redisched::ingest::decode_parts;
+use redisched::ingest::{Invalid, Rules};
 use redisched::job::{Due, PutMode};
 use redisched::store::{Limits, Op};
+
+/// `redisched::ingest::decode_parts` with `limits` (and the default minimum interval),
+/// resolved at a fixed server time: the op it yields, or why it is invalid.
+fn decode_parts(
+    key: &str,
+    props: &BasicProperties,
+    body: &[u8],
+    limits: Limits,
+) -> Result<Op, Invalid> {
+    let rules = Rules {
+        limits,
+        min_interval_ms: 1000,
+    };
+    redisched::ingest::decode_parts(key, props, body, rules)
+        .and_then(|decoded| decoded.resolve(1_796_083_200_000))
+        .map(|command| command.op)
+}
 
 /// At most 255 bytes, cut at a char boundary (an AMQP short string).
 fn short(s: String) -> ShortString {
