@@ -6,7 +6,12 @@
 //! cargo run --release -p redisched-bench -- store --quick    # 20,000 jobs, < 30 s
 //! cargo run --release -p redisched-bench -- store --scale    # also 10,000,000 waiting
 //! cargo run --release -p redisched-bench -- all --quick      # every scenario, bridge too
+//! cargo run --release -p redisched-bench -- store --history on   # only the history-on side
 //! ```
+//!
+//! `store` and `dispatch` compare the outcome history (issue 10) on (cap 1000) and off
+//! (0) in the same run by default (`--history both`, `--runs 3`): medians (min–max) of
+//! the rounds and the on/off ratio paired per round.
 //!
 //! (`all` and the bridge scenarios run the `redisched` binary beside this one: build it
 //! too, `cargo build --release -p redisched-bench -p redisched`.) The store bench is
@@ -28,6 +33,8 @@ use redis::aio::MultiplexedConnection;
 use redisched::job::{Due, JobId, PutMode, Topic};
 use redisched::store::{ConnectOptions, Lease, Limits, Op, PutRequest, Store, MAX_BATCH};
 use serde_json::{json, Value};
+
+use bridge::common::{History, HistoryChoice, Spread};
 
 mod bridge;
 
@@ -76,6 +83,17 @@ struct StoreArgs {
     /// Store::apply batches (pipelines) in flight at once.
     #[arg(long, default_value_t = 4)]
     in_flight: usize,
+    /// Outcome history (issue 10): `both` measures put, reserve+release and bytes per
+    /// job with the default cap (1000) and without (0), alternating, `--runs` times;
+    /// `on`/`off` run only that side (and the main figures with it).
+    #[arg(long, value_enum, default_value_t = HistoryChoice::Both)]
+    history: HistoryChoice,
+    /// Alternating on/off rounds of the history comparison (medians need >= 3).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Jobs per side and round of the history comparison [default: 100000; quick 10000].
+    #[arg(long)]
+    history_jobs: Option<u64>,
 }
 
 /// Ids are exactly this long ("job-" and 16 digits), as the issue asks.
@@ -421,6 +439,11 @@ async fn store_bench(mut args: StoreArgs) -> Result<()> {
     let store = Store::connect(&options, limits)
         .await
         .context("connecting to Redis")?;
+    // The main figures run with the default history unless only `off` is asked for.
+    let store = match args.history {
+        HistoryChoice::Off => store.with_history_max(History::Off.max()),
+        HistoryChoice::On | HistoryChoice::Both => store.with_history_max(History::On.max()),
+    };
     let conn = redis::Client::open(args.redis_url.as_str())
         .context("--redis-url")?
         .get_multiplexed_async_connection()
@@ -543,6 +566,12 @@ async fn run(bench: &Bench, args: &StoreArgs, url: &url::Url, prefix: &str) -> R
     let drain_rate = per_sec(drained, drain_time);
     let put_due_rate = per_sec(drain_jobs, put_due);
 
+    // --- history on vs off (issue 10), alternating in this run ------------------------
+    let history_jobs = args
+        .history_jobs
+        .unwrap_or(if args.quick { 10_000 } else { 100_000 });
+    let history = history_compare(bench, args, prefix, history_jobs).await?;
+
     // --- report ----------------------------------------------------------------------
     let first = &scale[0];
     let last = &scale[scale.len() - 1];
@@ -582,6 +611,8 @@ async fn run(bench: &Bench, args: &StoreArgs, url: &url::Url, prefix: &str) -> R
             "reserve": ratio("reserve_us_per_job"),
             "release": ratio("release_us_per_job"),
         },
+        "history_max": bench.store.history_max(),
+        "history": history,
     });
     print_table(&report);
     Ok(report)
@@ -652,5 +683,254 @@ fn print_table(r: &Value) {
         f(&s["put"]),
         f(&s["reserve"]),
         f(&s["release"])
+    );
+    print_history_table(&r["history"]);
+}
+
+/// Jobs per turn of one side in the history comparison.
+const HISTORY_SLICE: u64 = 10_000;
+
+/// One side of a history round: its store (history cap), topics and summed times.
+struct Lane {
+    side: History,
+    bench: Bench,
+    waiting: Topic,
+    due: Topic,
+    put: Duration,
+    drain: Duration,
+    moved: u64,
+}
+
+/// Issue 10: put, reserve+release and bytes per one-shot job with the outcome history
+/// on (cap 1000) and off (0) in one run: each round puts `jobs` waiting jobs per side
+/// and reserves+releases `jobs` due ones, the sides taking turns every
+/// [`HISTORY_SLICE`] jobs, beside a fresh ZADD+HSET ceiling. Every side has its own
+/// topics, deleted after the round.
+async fn history_compare(
+    bench: &Bench,
+    args: &StoreArgs,
+    prefix: &str,
+    jobs: u64,
+) -> Result<Value> {
+    let runs = args.runs.max(1);
+    let load_before = bridge::common::load_average();
+    let later = |i: u64| Due::Delay(3_600_000 + ((i * 7_919) % 3_600_000) as i64);
+    let mut rounds = Vec::new();
+    for run in 0..runs {
+        let sides = args.history.sides(run);
+        eprintln!(
+            "history round {}/{runs}: ceiling, then {jobs} jobs per side in slices of {HISTORY_SLICE}, alternating {:?}",
+            run + 1,
+            sides
+        );
+        let zadd_hset = zadd_hset_ceiling(bench, prefix, jobs).await?;
+        let mut lanes = Vec::new();
+        for &side in &sides {
+            let name = side.name();
+            lanes.push(Lane {
+                side,
+                bench: Bench {
+                    store: bench.store.clone().with_history_max(side.max()),
+                    conn: bench.conn.clone(),
+                    body: bench.body.clone(),
+                    in_flight: bench.in_flight,
+                },
+                waiting: Topic::new(format!("hist.{name}.{run}.waiting"))?,
+                due: Topic::new(format!("hist.{name}.{run}.due"))?,
+                put: Duration::ZERO,
+                drain: Duration::ZERO,
+                moved: 0,
+            });
+        }
+        // Slice by slice, the sides take turns (the first side alternates too), so a
+        // change of the shared machine's load hits both sides alike.
+        let mut from = 0;
+        let mut slice = 0usize;
+        while from < jobs {
+            let to = (from + HISTORY_SLICE).min(jobs);
+            let mut order: Vec<usize> = (0..lanes.len()).collect();
+            if slice % 2 == 1 {
+                order.reverse();
+            }
+            for i in order {
+                let lane = &mut lanes[i];
+                lane.put += lane
+                    .bench
+                    .put_range(&lane.waiting, "job", from, to, later)
+                    .await?;
+                lane.bench
+                    .put_range(&lane.due, "due", from, to, |_| Due::NOW)
+                    .await?;
+                let (moved, took) = lane.bench.drain(&lane.due, 2, to - from).await?;
+                lane.drain += took;
+                lane.moved += moved;
+            }
+            from = to;
+            slice += 1;
+        }
+        let mut round = json!({ "run": run + 1, "zadd_hset_script_per_s": zadd_hset.round() });
+        for lane in &lanes {
+            let (b, name) = (&lane.bench, lane.side.name());
+            if lane.moved != jobs {
+                bail!(
+                    "history {name}: reserved and released {} of {jobs}",
+                    lane.moved
+                );
+            }
+            let waiting_keys = b.store.keys().all(&lane.waiting);
+            let mut key_bytes = 0;
+            for key in &waiting_keys {
+                key_bytes += b.memory_usage(key, jobs).await?;
+            }
+            // One-shot puts log nothing (only `replace` of an existing job does).
+            let waiting_entries = b.store.stats(&lane.waiting).await?.history;
+            if waiting_entries != 0 {
+                bail!("history {name}: {waiting_entries} history entries after plain puts, expected none");
+            }
+            // The history must be what the side claims: full to its cap, or absent.
+            let entries = b.store.stats(&lane.due).await?.history;
+            let expected = jobs.min(u64::from(lane.side.max()));
+            if entries != expected {
+                bail!("history {name}: {entries} history entries after {jobs} releases, expected {expected}");
+            }
+            let due_keys = b.store.keys().all(&lane.due);
+            let history_bytes = b.memory_usage(&due_keys[6], entries).await?;
+            let put_rate = per_sec(jobs, lane.put);
+            let drain_rate = per_sec(lane.moved, lane.drain);
+            round[name] = json!({
+                "history_max": lane.side.max(),
+                "put_per_s": put_rate.round(),
+                "reserve_release_per_s": drain_rate.round(),
+                "put_vs_zadd_hset": put_rate / zadd_hset,
+                "reserve_release_vs_zadd_hset": drain_rate / zadd_hset,
+                "bytes_per_job_memory_usage": key_bytes as f64 / jobs as f64,
+                "history_entries_after_releases": entries,
+                "history_list_bytes": history_bytes,
+            });
+            let mut unlink = redis::cmd("UNLINK");
+            for key in waiting_keys.iter().chain(due_keys.iter()) {
+                unlink.arg(key);
+            }
+            let _: u64 = unlink.query_async(&mut bench.conn.clone()).await?;
+        }
+        eprintln!(
+            "  round {}: put on/off {:.3}, reserve+release on/off {:.3}",
+            run + 1,
+            round["on"]["put_per_s"].as_f64().unwrap_or(f64::NAN)
+                / round["off"]["put_per_s"].as_f64().unwrap_or(f64::NAN),
+            round["on"]["reserve_release_per_s"]
+                .as_f64()
+                .unwrap_or(f64::NAN)
+                / round["off"]["reserve_release_per_s"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
+        );
+        rounds.push(round);
+    }
+    let load_after = bridge::common::load_average();
+
+    // Medians over the rounds; the on/off ratios are paired within each round.
+    let series = |side: &str, field: &str| -> Vec<f64> {
+        rounds
+            .iter()
+            .filter_map(|r| r[side][field].as_f64())
+            .collect()
+    };
+    let paired = |field: &str| -> Vec<f64> {
+        rounds
+            .iter()
+            .filter_map(|r| Some(r["on"][field].as_f64()? / r["off"][field].as_f64()?))
+            .collect()
+    };
+    let spread = |values: Vec<f64>, decimals: i32| {
+        Spread::of(&values).map_or(Value::Null, |s| s.to_json(decimals))
+    };
+    let mut sides = json!({});
+    for side in ["on", "off"] {
+        if rounds.iter().any(|r| r[side].is_object()) {
+            sides[side] = json!({
+                "put_per_s": spread(series(side, "put_per_s"), 0),
+                "reserve_release_per_s": spread(series(side, "reserve_release_per_s"), 0),
+                "put_vs_zadd_hset": spread(series(side, "put_vs_zadd_hset"), 3),
+                "reserve_release_vs_zadd_hset": spread(series(side, "reserve_release_vs_zadd_hset"), 3),
+                "bytes_per_job_memory_usage": spread(series(side, "bytes_per_job_memory_usage"), 1),
+                "history_list_bytes": spread(series(side, "history_list_bytes"), 0),
+            });
+        }
+    }
+    let ratios = json!({
+        "put": spread(paired("put_per_s"), 3),
+        "reserve_release": spread(paired("reserve_release_per_s"), 3),
+        "bytes_per_job": spread(paired("bytes_per_job_memory_usage"), 3),
+    });
+    Ok(json!({
+        "choice": format!("{:?}", args.history).to_lowercase(),
+        "jobs_per_side": jobs,
+        "runs": runs,
+        "order": "the sides take turns every slice_jobs (put, then reserve+release); the first side alternates by slice and by round",
+        "slice_jobs": HISTORY_SLICE,
+        "zadd_hset_script_per_s": spread(rounds.iter().filter_map(|r| r["zadd_hset_script_per_s"].as_f64()).collect(), 0),
+        "sides": sides,
+        "ratio_on_off": ratios,
+        "load_average": { "before": load_before, "after": load_after },
+        "rounds": rounds,
+    }))
+}
+
+fn print_history_table(h: &Value) {
+    if !h.is_object() {
+        return;
+    }
+    use bridge::common::spread_text;
+    let s = &h["sides"];
+    println!();
+    println!(
+        "history on (cap 1000) vs off (0), {} rounds alternating, {} jobs per side and round; load average before {} after {}",
+        h["runs"], h["jobs_per_side"], h["load_average"]["before"], h["load_average"]["after"]
+    );
+    println!("median (min–max) | history on | history off | ratio on/off (paired per round) |");
+    println!("|---|---:|---:|---:|");
+    let row = |label: &str, field: &str, decimals: usize, ratio: Option<&str>| {
+        println!(
+            "| {label} | {} | {} | {} |",
+            spread_text(&s["on"][field], decimals),
+            spread_text(&s["off"][field], decimals),
+            ratio.map_or("-".into(), |r| spread_text(&h["ratio_on_off"][r], 3))
+        );
+    };
+    row(
+        "put, one-shot, due in 1–2 h (jobs/s)",
+        "put_per_s",
+        0,
+        Some("put"),
+    );
+    row("put / ZADD+HSET script", "put_vs_zadd_hset", 3, None);
+    row(
+        "reserve+release, 2 workers, batches of 1000 (jobs/s)",
+        "reserve_release_per_s",
+        0,
+        Some("reserve_release"),
+    );
+    row(
+        "reserve+release / ZADD+HSET script",
+        "reserve_release_vs_zadd_hset",
+        3,
+        None,
+    );
+    row(
+        "bytes per one-shot job (MEMORY USAGE of the topic's keys / jobs)",
+        "bytes_per_job_memory_usage",
+        1,
+        Some("bytes_per_job"),
+    );
+    row(
+        "history list per topic after the releases (MEMORY USAGE, bytes)",
+        "history_list_bytes",
+        0,
+        None,
+    );
+    println!(
+        "ZADD+HSET script ceiling per round: {}",
+        spread_text(&h["zadd_hset_script_per_s"], 0)
     );
 }

@@ -664,3 +664,120 @@ where
 pub fn topic(name: &str) -> Result<Topic> {
     Topic::new(name).context("topic")
 }
+
+/// Which outcome-history settings a scenario measures (issue 10): the default cap
+/// (`history.max_per_topic` = 1000), none (0), or both alternating in one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HistoryChoice {
+    Both,
+    On,
+    Off,
+}
+
+/// One side of an on/off comparison.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum History {
+    On,
+    Off,
+}
+
+impl History {
+    /// The history cap the store and the bridge are given.
+    pub fn max(self) -> u32 {
+        match self {
+            History::On => redisched::store::DEFAULT_HISTORY_MAX,
+            History::Off => 0,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            History::On => "on",
+            History::Off => "off",
+        }
+    }
+
+    /// Run `run` (0-based) of an alternating comparison: on first in even runs, off
+    /// first in odd ones, so a drift of the shared machine does not favour one side.
+    pub fn order(run: usize) -> [History; 2] {
+        if run.is_multiple_of(2) {
+            [History::On, History::Off]
+        } else {
+            [History::Off, History::On]
+        }
+    }
+}
+
+impl HistoryChoice {
+    /// The sides measured in run `run`.
+    pub fn sides(self, run: usize) -> Vec<History> {
+        match self {
+            HistoryChoice::Both => History::order(run).to_vec(),
+            HistoryChoice::On => vec![History::On],
+            HistoryChoice::Off => vec![History::Off],
+        }
+    }
+}
+
+/// Median, min and max of repeated measurements (the figure quoted for ≥ 3 runs).
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub runs: usize,
+}
+
+impl Spread {
+    /// `None` for no values; the median of an even count is the mean of the middle two.
+    pub fn of(values: &[f64]) -> Option<Self> {
+        let mut sorted: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+        if sorted.is_empty() {
+            return None;
+        }
+        sorted.sort_by(|a, b| a.total_cmp(b));
+        let n = sorted.len();
+        let median = if n % 2 == 1 {
+            sorted[n / 2]
+        } else {
+            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+        };
+        Some(Self {
+            median,
+            min: sorted[0],
+            max: sorted[n - 1],
+            runs: n,
+        })
+    }
+
+    pub fn to_json(self, decimals: i32) -> Value {
+        let scale = 10f64.powi(decimals);
+        let r = |v: f64| (v * scale).round() / scale;
+        json!({ "median": r(self.median), "min": r(self.min), "max": r(self.max), "runs": self.runs })
+    }
+}
+
+/// `median (min–max)` of a JSON spread, with `decimals` digits; `-` if absent.
+pub fn spread_text(v: &Value, decimals: usize) -> String {
+    match (v["median"].as_f64(), v["min"].as_f64(), v["max"].as_f64()) {
+        (Some(m), Some(lo), Some(hi)) => {
+            format!("{m:.decimals$} ({lo:.decimals$}–{hi:.decimals$})")
+        }
+        _ => "-".into(),
+    }
+}
+
+/// Load average (1, 5, 15 min) from /proc/loadavg, to print beside shared-machine figures.
+pub fn load_average() -> Value {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| {
+            let parts: Vec<f64> = s
+                .split_whitespace()
+                .take(3)
+                .filter_map(|p| p.parse().ok())
+                .collect();
+            json!(parts)
+        })
+        .unwrap_or(Value::Null)
+}

@@ -9,13 +9,15 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
 use redisched::job::Due;
 use serde_json::{json, Value};
 
-use super::common::{self, Bridge, Cleanup, Env, Series, Sink, Ticker};
+use super::common::{
+    self, Bridge, Cleanup, Env, History, HistoryChoice, Series, Sink, Spread, Ticker,
+};
 
 pub struct Params {
     pub jobs: u64,
@@ -24,6 +26,10 @@ pub struct Params {
     pub window: usize,
     /// Bridge processes sharing the work (several bridges scale out dispatch).
     pub bridges: usize,
+    /// Which `history.max_per_topic` settings to measure (issue 10).
+    pub history: HistoryChoice,
+    /// Bridge passes per history side.
+    pub runs: usize,
 }
 
 pub async fn run(env: &Env, params: &Params) -> Result<Value> {
@@ -86,20 +92,179 @@ async fn measure(
     )
     .await?;
 
-    // The bridge.
+    // The bridge: `runs` passes per history side, alternating (History::order).
     let store = common::store(config).await?;
     let topic = common::topic("bench")?;
-    common::load_jobs(
+    let history_key = store.keys().all(&topic)[6].clone();
+    let redis = redis::Client::open(config.redis.url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    // Warm-up (not counted): the first pass of a run was markedly slower in trials
+    // (queue, connections and caches cold), which would favour whichever side came second.
+    let warm_up = n.min(20_000);
+    eprintln!("  warm-up pass: {warm_up} jobs, not counted");
+    bridge_pass(
+        env,
+        params,
+        config,
+        &connection,
+        &sink_queue,
         &store,
         &topic,
+        &body,
+        warm_up,
+    )
+    .await?;
+    let load_before = common::load_average();
+    let mut passes: Vec<(usize, History, Pass)> = Vec::new();
+    for run in 0..params.runs {
+        for side in params.history.sides(run) {
+            eprintln!(
+                "  pass {}/{}: history {} (history.max_per_topic = {})",
+                run + 1,
+                params.runs,
+                side.name(),
+                side.max()
+            );
+            // Each pass starts with no history, so its count can be checked.
+            let _: u64 = redis::cmd("DEL")
+                .arg(&history_key)
+                .query_async(&mut redis.clone())
+                .await?;
+            let mut side_config = config.clone();
+            side_config.history.max_per_topic = side.max();
+            let pass = bridge_pass(
+                env,
+                params,
+                &side_config,
+                &connection,
+                &sink_queue,
+                &store,
+                &topic,
+                &body,
+                n,
+            )
+            .await?;
+            let entries = store.stats(&topic).await?.history;
+            let expected = n.min(u64::from(side.max()));
+            if entries != expected {
+                bail!(
+                    "history {}: {entries} history entries after {n} dispatches, expected {expected}",
+                    side.name()
+                );
+            }
+            eprintln!(
+                "  bridge, history {}: {:.0} jobs/s, {entries} history entries",
+                side.name(),
+                pass.rate
+            );
+            passes.push((run, side, pass));
+        }
+    }
+    let load_after = common::load_average();
+    let (after, _) = ceiling(
+        &connection,
+        &ceiling_exchange,
+        &ceiling_queue,
+        n,
+        window,
+        &body,
+    )
+    .await?;
+    let ceiling_rate = (before.rate + after.rate) / 2.0;
+    let _ = connection.close(200, "bye".into()).await;
+    // The detailed figures (series, CPU, RSS) are those of the median pass with the
+    // default history (else of the side measured).
+    let side = if passes.iter().any(|(_, s, _)| *s == History::On) {
+        History::On
+    } else {
+        History::Off
+    };
+    let mut of_side: Vec<&Pass> = passes
+        .iter()
+        .filter(|(_, s, _)| *s == side)
+        .map(|(_, _, pass)| pass)
+        .collect();
+    of_side.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+    let shown = *of_side.get(of_side.len() / 2).context("no bridge pass")?;
+    let bridge_rate = shown.rate;
+    let ratio = common::ratio(bridge_rate, ceiling_rate);
+    eprintln!(
+        "  bridge: {bridge_rate:.0} jobs/s ({:.0}% of ceiling), RSS peak {} KiB",
+        ratio * 100.0,
+        shown.rss_peak.unwrap_or(0)
+    );
+    let history = history_summary(&passes, ceiling_rate, params, load_before, load_after);
+    Ok(json!({
+        "jobs": n,
+        "body_bytes": params.body_bytes,
+        "window": window,
+        "bridges": params.bridges,
+        "bridge": {
+            "history_max": shown.history_max,
+            "seconds": common::round2(shown.seconds),
+            "jobs_per_s": bridge_rate.round(),
+            "first_delivery_after_s": shown.first.map(|f| common::round2(f.as_secs_f64())),
+            "jobs_per_s_after_first_delivery": shown.steady.map(f64::round),
+            "cpu_seconds": shown.cpu.map(common::round2),
+            "cpu_per_job": shown.cpu_per_job.clone(),
+            "series": shown.series.to_json(),
+        },
+        "ceiling": {
+            "what": "lapin publisher, confirms, persistent, mandatory, same size and headers, same window, durable queue drained by the same consumer; mean of a run before and one after the bridge",
+            "msgs_per_s": ceiling_rate.round(),
+            "before_msgs_per_s": before.rate.round(),
+            "after_msgs_per_s": after.rate.round(),
+            "publish_confirm_only_msgs_per_s": [before.publish_only_rate.round(), after.publish_only_rate.round()],
+            "cpu_per_msg": [before.cpu, after.cpu],
+            "series": ceiling_series.to_json(),
+        },
+        "ratio": common::round2(ratio),
+        "target_ratio": 0.8,
+        "bridge_rss_kib": { "peak_while_dispatching": shown.rss_peak, "idle_after": shown.rss_idle },
+        "history": history,
+    }))
+}
+
+/// One bridge pass: `n` due jobs loaded, a fresh `redisched run` (with `config`'s
+/// history cap) publishes, confirms and releases them; timed from its start until the
+/// consumer got all and the store is empty.
+struct Pass {
+    history_max: u32,
+    rate: f64,
+    seconds: f64,
+    steady: Option<f64>,
+    first: Option<Duration>,
+    series: Series,
+    rss_peak: Option<u64>,
+    rss_idle: Option<u64>,
+    cpu: Option<f64>,
+    cpu_per_job: Value,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn bridge_pass(
+    env: &Env,
+    params: &Params,
+    config: &redisched::config::Config,
+    connection: &lapin::Connection,
+    sink_queue: &str,
+    store: &redisched::store::Store,
+    topic: &redisched::job::Topic,
+    body: &[u8],
+    n: u64,
+) -> Result<Pass> {
+    common::load_jobs(
+        store,
+        topic,
         "job",
         n,
-        &body,
+        body,
         Due::NOW,
         "load due jobs into Redis",
     )
     .await?;
-    let sink = common::sink(&connection, &sink_queue, false).await?;
+    let sink = common::sink(connection, sink_queue, false).await?;
     let mark = common::CpuMark::now();
     let mut bridge = Bridge::start(env, config)?;
     let others = (1..params.bridges)
@@ -115,21 +280,19 @@ async fn measure(
     )
     .await?;
     // The store must be empty too: every job released after its confirm.
-    let store_ref = &store;
-    let topic_ref = &topic;
     common::wait_until(
         "the store to empty",
         Duration::from_secs(60),
         || async move {
-            let stats = store_ref.stats(topic_ref).await?;
+            let stats = store.stats(topic).await?;
             Ok(stats.records == 0)
         },
     )
     .await?;
     let bridge_time = started.elapsed().max(consumed);
     let rss_idle_at = Instant::now() + Duration::from_millis(500);
-    let bridge_cpu = mark.per_item(n, bridge.cpu_seconds());
-    let bridge_rate = common::per_sec(n, bridge_time);
+    let cpu_per_job = mark.per_item(n, bridge.cpu_seconds());
+    let rate = common::per_sec(n, bridge_time);
     let steady = first.map(|f| common::per_sec(n, bridge_time.saturating_sub(f)));
     tokio::time::sleep_until(rss_idle_at.into()).await;
     let rss_idle = bridge.rss_kib();
@@ -139,50 +302,90 @@ async fn measure(
         other.stop()?;
     }
     sink.stop().await;
-    let (after, _) = ceiling(
-        &connection,
-        &ceiling_exchange,
-        &ceiling_queue,
-        n,
-        window,
-        &body,
-    )
-    .await?;
-    let ceiling_rate = (before.rate + after.rate) / 2.0;
-    let _ = connection.close(200, "bye".into()).await;
-    let ratio = common::ratio(bridge_rate, ceiling_rate);
-    eprintln!(
-        "  bridge: {bridge_rate:.0} jobs/s ({:.0}% of ceiling), RSS peak {} KiB",
-        ratio * 100.0,
-        rss_peak.unwrap_or(0)
-    );
-    Ok(json!({
-        "jobs": n,
-        "body_bytes": params.body_bytes,
-        "window": window,
-        "bridges": params.bridges,
-        "bridge": {
-            "seconds": common::round2(bridge_time.as_secs_f64()),
-            "jobs_per_s": bridge_rate.round(),
-            "first_delivery_after_s": first.map(|f| common::round2(f.as_secs_f64())),
-            "jobs_per_s_after_first_delivery": steady.map(f64::round),
-            "cpu_seconds": cpu.map(common::round2),
-            "cpu_per_job": bridge_cpu,
-            "series": series.to_json(),
+    Ok(Pass {
+        history_max: config.history.max_per_topic,
+        rate,
+        seconds: bridge_time.as_secs_f64(),
+        steady,
+        first,
+        series,
+        rss_peak,
+        rss_idle,
+        cpu,
+        cpu_per_job,
+    })
+}
+
+/// Medians (min–max) per side and the on/off ratio paired within each round.
+fn history_summary(
+    passes: &[(usize, History, Pass)],
+    ceiling_rate: f64,
+    params: &Params,
+    load_before: Value,
+    load_after: Value,
+) -> Value {
+    let rates = |side: History| -> Vec<f64> {
+        passes
+            .iter()
+            .filter(|(_, s, _)| *s == side)
+            .map(|(_, _, p)| p.rate)
+            .collect()
+    };
+    let steady = |side: History| -> Vec<f64> {
+        passes
+            .iter()
+            .filter(|(_, s, _)| *s == side)
+            .filter_map(|(_, _, p)| p.steady)
+            .collect()
+    };
+    let rate_of = |run: usize, side: History, steady: bool| {
+        passes
+            .iter()
+            .find(|(r, s, _)| *r == run && *s == side)
+            .and_then(|(_, _, p)| if steady { p.steady } else { Some(p.rate) })
+    };
+    let paired = |steady: bool| -> Vec<f64> {
+        (0..params.runs)
+            .filter_map(|run| {
+                Some(rate_of(run, History::On, steady)? / rate_of(run, History::Off, steady)?)
+            })
+            .collect()
+    };
+    let spread = |values: Vec<f64>, decimals: i32| {
+        Spread::of(&values).map_or(Value::Null, |s| s.to_json(decimals))
+    };
+    let mut sides = json!({});
+    for side in [History::On, History::Off] {
+        let r = rates(side);
+        if r.is_empty() {
+            continue;
+        }
+        let vs_ceiling: Vec<f64> = r.iter().map(|x| common::ratio(*x, ceiling_rate)).collect();
+        sides[side.name()] = json!({
+            "history_max": side.max(),
+            "jobs_per_s": spread(r, 0),
+            "jobs_per_s_after_first_delivery": spread(steady(side), 0),
+            "vs_ceiling": spread(vs_ceiling, 3),
+        });
+    }
+    json!({
+        "choice": format!("{:?}", params.history).to_lowercase(),
+        "runs": params.runs,
+        "order": "alternating: on first in odd rounds, off first in even ones",
+        "sides": sides,
+        "ratio_on_off": {
+            "jobs_per_s": spread(paired(false), 3),
+            "jobs_per_s_after_first_delivery": spread(paired(true), 3),
         },
-        "ceiling": {
-            "what": "lapin publisher, confirms, persistent, mandatory, same size and headers, same window, durable queue drained by the same consumer; mean of a run before and one after the bridge",
-            "msgs_per_s": ceiling_rate.round(),
-            "before_msgs_per_s": before.rate.round(),
-            "after_msgs_per_s": after.rate.round(),
-            "publish_confirm_only_msgs_per_s": [before.publish_only_rate.round(), after.publish_only_rate.round()],
-            "cpu_per_msg": [before.cpu, after.cpu],
-            "series": ceiling_series.to_json(),
-        },
-        "ratio": common::round2(ratio),
-        "target_ratio": 0.8,
-        "bridge_rss_kib": { "peak_while_dispatching": rss_peak, "idle_after": rss_idle },
-    }))
+        "load_average": { "before": load_before, "after": load_after },
+        "passes": passes.iter().map(|(run, side, p)| json!({
+            "run": run + 1,
+            "history": side.name(),
+            "jobs_per_s": p.rate.round(),
+            "jobs_per_s_after_first_delivery": p.steady.map(f64::round),
+            "seconds": common::round2(p.seconds),
+        })).collect::<Vec<_>>(),
+    })
 }
 
 struct Ceiling {

@@ -7,6 +7,7 @@
 //! target/release/redisched-bench all            # the full run (about 10 minutes)
 //! target/release/redisched-bench all --quick    # CI: under about a minute
 //! target/release/redisched-bench dispatch --jobs 50000
+//! target/release/redisched-bench dispatch --jobs 30000 --runs 9   # history on vs off, 9 rounds
 //! ```
 //!
 //! The bridge runs as a child `redisched run` (the binary beside this one) configured by
@@ -80,6 +81,13 @@ pub struct RunArgs {
     /// Bridge processes dispatching together (dispatch); CPU and RSS are the first's.
     #[arg(long, default_value_t = 1)]
     pub bridges: usize,
+    /// Outcome history of the dispatching bridge (issue 10, `history.max_per_topic`):
+    /// `both` alternates the default cap (1000) and 0 in one run, `--runs` rounds.
+    #[arg(long, value_enum, default_value_t = common::HistoryChoice::Both)]
+    pub history: common::HistoryChoice,
+    /// Bridge passes per history side in the dispatch scenario (medians need >= 3).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
     /// Body size of dispatched and ingested jobs.
     #[arg(long, default_value_t = 200)]
     pub body_bytes: usize,
@@ -131,6 +139,8 @@ impl RunArgs {
             body_bytes: self.body_bytes,
             window: self.window,
             bridges: self.bridges.max(1),
+            history: self.history,
+            runs: self.runs.max(1),
         }
     }
     fn ingest(&self) -> ingest::Params {
@@ -350,6 +360,37 @@ fn print_table(r: &Value) {
             "-".into(),
             "-".into(),
         ]);
+        let h = &d["history"];
+        for side in ["on", "off"] {
+            let s = &h["sides"][side];
+            if s.is_object() {
+                rows.push([
+                    format!(
+                        "dispatch, history {side} (history.max_per_topic = {}), median (min–max) of {} passes (jobs/s)",
+                        s["history_max"], s["jobs_per_s"]["runs"]
+                    ),
+                    common::spread_text(&s["jobs_per_s"], 0),
+                    format!("{} (mean of before and after)", num(&d["ceiling"]["msgs_per_s"])),
+                    common::spread_text(&s["vs_ceiling"], 2),
+                    "-".into(),
+                ]);
+            }
+        }
+        if h["ratio_on_off"]["jobs_per_s"].is_object() {
+            rows.push([
+                format!(
+                    "dispatch ratio history on / off, paired per round (load average before {}, after {})",
+                    h["load_average"]["before"], h["load_average"]["after"]
+                ),
+                common::spread_text(&h["ratio_on_off"]["jobs_per_s"], 3),
+                format!(
+                    "after the first delivery: {}",
+                    common::spread_text(&h["ratio_on_off"]["jobs_per_s_after_first_delivery"], 3)
+                ),
+                "-".into(),
+                ">= 0.90 (issue 10)".into(),
+            ]);
+        }
     }
     let i = &r["ingest"];
     if i.is_object() {
