@@ -13,13 +13,17 @@ use serde_json::{json, Value};
 
 use crate::config::{Config, ConfigError};
 use crate::job::{Due, JobId, PutMode, Topic};
-use crate::store::{PutRequest, Rejection, Store, StoreError, MAX_BATCH};
-use crate::view::{self, rfc3339, DeleteView, JobView, ListView, PutView, TopicsView};
+use crate::schedule::Schedule;
+use crate::store::{JobState, ListWhich, PutRequest, Rejection, Store, StoreError, MAX_BATCH};
+use crate::view::{
+    self, rfc3339, DeleteView, HistoryView, JobView, ListView, PauseView, PutView, RedriveView,
+    ScheduleFields, TopicsView,
+};
 
 /// Exit codes of every command.
 pub mod exit {
     pub const OK: u8 = 0;
-    /// `get` or `delete` of a job that does not exist.
+    /// `get`, `delete` or `redrive` of a job that does not exist (or is not parked).
     pub const NOT_FOUND: u8 = 1;
     /// Bad arguments or a bad configuration value.
     pub const USAGE: u8 = 2;
@@ -36,7 +40,7 @@ pub mod exit {
 const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0  ok
-  1  not found (get/delete of a job that does not exist)
+  1  not found (get/delete of a job that does not exist, redrive of one not parked)
   2  usage or configuration error (the message names the bad key)
   3  Redis unreachable
   4  refused by the store (e.g. body too large, delay too long)
@@ -76,13 +80,18 @@ pub enum Command {
     #[command(after_help = "Examples:\n  \
         redisched put emails welcome-42 '{\"to\":\"ann\"}' --delay 3d\n  \
         redisched put emails welcome-42 --body-file mail.json --at 2030-01-01T09:00:00Z --replace\n  \
-        echo hello | redisched put emails hello-1 - --delay 250ms")]
+        echo hello | redisched put emails hello-1 - --delay 250ms\n  \
+        redisched put reports hourly '{}' --every 1h\n  \
+        redisched put reports standup '{}' --cron '0 9 * * MON-FRI' --tz Europe/Berlin\n\n\
+        A recurring job (--every or --cron) is first due at --delay/--at if given (for --cron: the \
+        first match at or after it), else one interval from now or the next cron match.")]
     Put(PutArgs),
     /// Cancel a job by id, wherever it is (exit 1 if there was none)
     Delete(JobRef),
-    /// Show one job: state, due time, attempts, body (exit 1 if there is none)
+    /// Show one job: state, schedule, due time, attempts, last error, body (exit 1 if there
+    /// is none)
     Get(JobRef),
-    /// List the next scheduled jobs of a topic, earliest first
+    /// List the next scheduled jobs of a topic, earliest first (or its parked jobs)
     List {
         topic: Topic,
         /// How many jobs to show (1..=1000)
@@ -91,9 +100,31 @@ pub enum Command {
         /// Skip this many jobs first
         #[arg(long, default_value_t = 0)]
         offset: usize,
+        /// List the parked jobs (by id) instead of the scheduled ones
+        #[arg(long)]
+        parked: bool,
     },
-    /// Count jobs per topic: scheduled, due now, reserved (all topics when none is given)
+    /// Count jobs per topic: scheduled, due now, reserved, parked, failing, and whether it
+    /// is paused (all topics when none is given)
     Stats { topic: Option<Topic> },
+    /// Pause dispatch of a topic: commands are still applied, due jobs wait (works before
+    /// the topic's first job too)
+    Pause { topic: Topic },
+    /// Resume dispatch of a paused topic; its backlog is dispatched
+    Resume { topic: Topic },
+    /// Make parked jobs due now (attempts kept): the one ID, or every parked job of the
+    /// topic (exit 1 if ID is not parked)
+    Redrive { topic: Topic, id: Option<JobId> },
+    /// Show a topic's latest outcomes, newest first: dispatched, deleted, replaced,
+    /// parked, re-driven
+    History {
+        topic: Topic,
+        /// Only this job's outcomes
+        id: Option<JobId>,
+        /// How many entries to show (1..=1000)
+        #[arg(long, short = 'n', default_value_t = 20)]
+        limit: usize,
+    },
     /// Verify the store's invariants (fsck) for one topic or all; --repair fixes them
     #[command(
         after_help = "Reports (and with --repair fixes) keys of the wrong type, unreadable \
@@ -144,9 +175,20 @@ pub struct PutArgs {
     /// Due at this time, RFC 3339 (2030-01-01T09:00:00Z; no zone means UTC)
     #[arg(long, value_parser = parse_at, value_name = "TIME")]
     pub at: Option<Due>,
-    /// Overwrite an existing job with this id (body and due time)
+    /// Overwrite an existing job with this id (body, due time and schedule)
     #[arg(long)]
     pub replace: bool,
+    /// Recurring: every INTERVAL (milliseconds, or 15m, 1h, "1h 30m"), at least
+    /// `limits.min_interval_ms`
+    #[arg(long, value_name = "INTERVAL", conflicts_with = "cron")]
+    pub every: Option<String>,
+    /// Recurring: on a cron expression, 5 fields (minute hour day-of-month month
+    /// day-of-week) or 6 (leading seconds)
+    #[arg(long, value_name = "EXPR")]
+    pub cron: Option<String>,
+    /// The IANA time zone of --cron (default UTC)
+    #[arg(long, value_name = "ZONE", requires = "cron")]
+    pub tz: Option<String>,
 }
 
 fn parse_delay(raw: &str) -> Result<Due, String> {
@@ -281,9 +323,10 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
             "`run` is handled by the binary's main, not by cli::execute".into(),
         )),
         Command::Put(args) => {
+            let schedule = schedule_of(args, config.limits.min_interval_ms)?;
             let body = read_body(args)?;
             let store = connect(&config).await?;
-            put(&store, args, body).await
+            put(&store, args, body, schedule).await
         }
         Command::Delete(job) => delete(&connect(&config).await?, job).await,
         Command::Get(job) => get(&connect(&config).await?, job).await,
@@ -291,8 +334,24 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
             topic,
             limit,
             offset,
-        } => list(&connect(&config).await?, topic, *limit, *offset).await,
+            parked,
+        } => {
+            let which = if *parked {
+                ListWhich::Parked
+            } else {
+                ListWhich::Scheduled
+            };
+            list(&connect(&config).await?, topic, *limit, *offset, which).await
+        }
         Command::Stats { topic } => stats(&connect(&config).await?, topic.as_ref()).await,
+        Command::Pause { topic } => pause(&connect(&config).await?, topic, true).await,
+        Command::Resume { topic } => pause(&connect(&config).await?, topic, false).await,
+        Command::Redrive { topic, id } => {
+            redrive(&connect(&config).await?, topic, id.as_ref()).await
+        }
+        Command::History { topic, id, limit } => {
+            history(&connect(&config).await?, topic, id.as_ref(), *limit).await
+        }
         Command::Check { topic, repair } => {
             check(&connect(&config).await?, topic.as_ref(), *repair).await
         }
@@ -302,6 +361,7 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
 async fn connect(config: &Config) -> Result<Store, CliError> {
     Store::connect(&config.connect_options(), config.limits())
         .await
+        .map(|store| store.with_history_max(config.history.max_per_topic))
         .map_err(|err| match err {
             StoreError::Unavailable(e) => CliError::Unavailable(format!(
                 "cannot reach Redis at {}: {e}",
@@ -342,24 +402,82 @@ fn read_body(args: &PutArgs) -> Result<Vec<u8>, CliError> {
     }
 }
 
-async fn put(store: &Store, args: &PutArgs, body: Vec<u8>) -> Result<Output, CliError> {
-    let due = args.delay.or(args.at).unwrap_or(Due::NOW);
+/// The schedule `--every` or `--cron` (+ `--tz`) asks for, if any.
+fn schedule_of(args: &PutArgs, min_interval_ms: u64) -> Result<Option<Schedule>, CliError> {
+    match (&args.every, &args.cron) {
+        (Some(every), _) => Schedule::parse_every(every, min_interval_ms)
+            .map(Some)
+            .map_err(|e| CliError::Usage(format!("--every {every}: {e}"))),
+        (None, Some(cron)) => Schedule::cron(cron, args.tz.as_deref())
+            .map(Some)
+            .map_err(|e| CliError::Usage(format!("--cron: {e}"))),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The first occurrence of a series: `explicit` (`--delay`/`--at`, `delay_ms=`/`at=`) if
+/// given (for cron: the first match at or after it), else one interval from now or the
+/// next cron match after now. `now` is the Redis server's clock, which every due time
+/// refers to. Shared by the CLI and the REST API.
+pub fn first_due(schedule: &Schedule, explicit: Option<Due>, now: i64) -> Result<Due, String> {
+    let start = match explicit {
+        None => {
+            return match schedule.every_ms() {
+                Some(ms) => Ok(Due::Delay(i64::try_from(ms).unwrap_or(i64::MAX))),
+                None => schedule
+                    .next_after(now)
+                    .map(Due::At)
+                    .ok_or_else(|| format!("{schedule} has no occurrence after now")),
+            }
+        }
+        // An interval starts exactly when asked; the store resolves a delay itself.
+        Some(due) if schedule.every_ms().is_some() => return Ok(due),
+        Some(Due::Delay(ms)) => now.saturating_add(ms),
+        Some(Due::At(at)) => at,
+    };
+    schedule
+        .first_at_or_after(start)
+        .map(Due::At)
+        .ok_or_else(|| {
+            format!(
+                "{schedule} has no occurrence at or after {}",
+                rfc3339(start)
+            )
+        })
+}
+
+async fn put(
+    store: &Store,
+    args: &PutArgs,
+    body: Vec<u8>,
+    schedule: Option<Schedule>,
+) -> Result<Output, CliError> {
+    let explicit = args.delay.or(args.at);
     let mode = if args.replace {
         PutMode::Replace
     } else {
         PutMode::Keep
     };
     let size = body.len();
-    let outcome = store
-        .put(PutRequest {
-            topic: args.topic.clone(),
-            id: args.id.clone(),
-            body,
-            meta: Vec::new(),
-            due,
-            mode,
-        })
-        .await?;
+    let mut request = PutRequest {
+        topic: args.topic.clone(),
+        id: args.id.clone(),
+        body,
+        meta: Vec::new(),
+        due: explicit.unwrap_or(Due::NOW),
+        mode,
+    };
+    let outcome = match &schedule {
+        None => store.put(request).await?,
+        Some(schedule) => {
+            let now = store.server_time().await?;
+            request.due = first_due(schedule, explicit, now).map_err(CliError::Usage)?;
+            let spec = schedule
+                .store_spec()
+                .map_err(|e| CliError::Usage(e.to_string()))?;
+            store.put_recurring(request, spec).await?
+        }
+    };
     let now = store.server_time().await?;
     let json = view::to_json(&PutView::new(
         args.topic.as_str(),
@@ -367,8 +485,13 @@ async fn put(store: &Store, args: &PutArgs, body: Vec<u8>) -> Result<Output, Cli
         &outcome,
         size,
     ));
+    let recurring = schedule
+        .as_ref()
+        .and_then(|s| ScheduleFields::of(Some(&s.to_spec())).describe())
+        .map(|s| format!(", {s}"))
+        .unwrap_or_default();
     let human = format!(
-        "{} {}/{} due {} ({})",
+        "{} {}/{} due {} ({}){recurring}",
         outcome.status.as_str(),
         args.topic,
         args.id,
@@ -395,21 +518,56 @@ async fn get(store: &Store, job: &JobRef) -> Result<Output, CliError> {
         .await?
         .ok_or_else(|| CliError::NotFound(view::no_such_job(&job.topic, &job.id)))?;
     let now = store.server_time().await?;
-    let json = view::to_json(&JobView::new(&job.topic, job.id.as_str(), &info));
-    let mut human = format!(
-        "topic     {}\nid        {}\nstate     {}\ndue at    {} ({})\nattempts  {}\n",
-        job.topic,
-        job.id,
-        json["state"].as_str().unwrap_or("?"),
+    let job_view = JobView::new(&job.topic, job.id.as_str(), &info);
+    let json = view::to_json(&job_view);
+    let state = json["state"].as_str().unwrap_or("?");
+    let mut human = String::new();
+    // A failing or parked job leads with it, so it cannot be missed.
+    if info.state == JobState::Parked {
+        human.push_str(&format!(
+            "!! PARKED after {} failed publish(es); `redisched redrive {} {}` makes it due now\n",
+            info.failures, job.topic, job.id
+        ));
+    } else if let Some(error) = &info.last_error {
+        human.push_str(&format!(
+            "!! FAILING: {} failed publish(es), last {} ({})\n",
+            info.failures,
+            error.reason,
+            relative(error.at, now)
+        ));
+    }
+    human.push_str(&format!(
+        "topic     {}\nid        {}\nstate     {state}\n",
+        job.topic, job.id
+    ));
+    if let Some(schedule) = job_view.schedule.describe() {
+        human.push_str(&format!("schedule  {schedule}\n"));
+    }
+    let due_label = if info.spec.is_some() {
+        "next due"
+    } else {
+        "due at"
+    };
+    human.push_str(&format!(
+        "{due_label:<10}{} ({})\nattempts  {}\n",
         rfc3339(info.due_at),
         relative(info.due_at, now),
         info.attempts,
-    );
+    ));
     if let Some(deadline) = info.deadline {
         human.push_str(&format!(
             "deadline  {} ({})\n",
             rfc3339(deadline),
             relative(deadline, now)
+        ));
+    }
+    if let Some(error) = &info.last_error {
+        human.push_str(&format!(
+            "failures  {}\nlast error {} at {} ({})\n",
+            info.failures,
+            error.reason,
+            rfc3339(error.at),
+            relative(error.at, now)
         ));
     }
     match std::str::from_utf8(&info.body) {
@@ -431,35 +589,71 @@ async fn list(
     topic: &Topic,
     limit: usize,
     offset: usize,
+    which: ListWhich,
 ) -> Result<Output, CliError> {
-    if !(1..=MAX_BATCH).contains(&limit) {
-        return Err(CliError::Usage(format!(
-            "--limit must be 1..={MAX_BATCH}, got {limit}"
-        )));
-    }
-    let jobs = store.list(topic, limit, offset).await?;
+    check_limit(limit)?;
+    let jobs = store.list_jobs(topic, which, limit, offset).await?;
     let now = store.server_time().await?;
-    let json = view::to_json(&ListView::new(topic, now, &jobs));
-    let human = if jobs.is_empty() {
-        format!("no scheduled jobs in topic {topic}")
+    let view = ListView::new(topic, now, &jobs);
+    let json = view::to_json(&view);
+    let human = if view.jobs.is_empty() {
+        match which {
+            ListWhich::Scheduled => format!("no scheduled jobs in topic {topic}"),
+            ListWhich::Parked => format!("no parked jobs in topic {topic}"),
+        }
     } else {
-        let width = jobs
+        let width = view
+            .jobs
             .iter()
-            .map(|(id, _)| id.len())
+            .map(|job| job.id.len())
             .max()
             .unwrap_or(2)
             .max(2);
-        let mut out = format!("{:<width$}  {:<24}  IN\n", "ID", "DUE AT");
-        for (id, due_at) in &jobs {
-            out.push_str(&format!(
-                "{id:<width$}  {:<24}  {}\n",
-                rfc3339(*due_at),
-                relative(*due_at, now)
-            ));
+        let schedules: Vec<String> = view
+            .jobs
+            .iter()
+            .map(|job| job.schedule.describe().unwrap_or_else(|| "-".into()))
+            .collect();
+        let swidth = schedules.iter().map(String::len).max().unwrap_or(8).max(8);
+        let mut out = format!(
+            "{:<width$}  {:<24}  {:<14}  {:<9}  {:>8}  {:<swidth$}  LAST ERROR\n",
+            "ID", "DUE AT", "IN", "STATE", "ATTEMPTS", "SCHEDULE"
+        );
+        for (job, schedule) in view.jobs.iter().zip(&schedules) {
+            let state = view::to_json(&job.state);
+            // A job whose last publish failed (parked ones too) is marked `!!`.
+            let error = match (&job.failure.last_error, job.failure.last_error_at) {
+                (Some(reason), Some(at)) => format!(
+                    "!! {reason} ({} failure(s), last {})",
+                    job.failure.failures,
+                    relative(at, now)
+                ),
+                _ => String::new(),
+            };
+            let line = format!(
+                "{:<width$}  {:<24}  {:<14}  {:<9}  {:>8}  {schedule:<swidth$}  {error}",
+                job.id,
+                job.due_at_rfc3339,
+                relative(job.due_at, now),
+                state.as_str().unwrap_or("?"),
+                job.attempts,
+            );
+            out.push_str(line.trim_end());
+            out.push('\n');
         }
         out.trim_end().to_string()
     };
     Ok(Output { json, human })
+}
+
+fn check_limit(limit: usize) -> Result<(), CliError> {
+    if (1..=MAX_BATCH).contains(&limit) {
+        Ok(())
+    } else {
+        Err(CliError::Usage(format!(
+            "--limit must be 1..={MAX_BATCH}, got {limit}"
+        )))
+    }
 }
 
 async fn stats(store: &Store, topic: Option<&Topic>) -> Result<Output, CliError> {
@@ -483,17 +677,140 @@ async fn stats(store: &Store, topic: Option<&Topic>) -> Result<Output, CliError>
             .unwrap_or(5)
             .max(5);
         let mut out = format!(
-            "{:<width$}  {:>10}  {:>10}  {:>10}\n",
-            "TOPIC", "SCHEDULED", "DUE NOW", "RESERVED"
+            "{:<width$}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>6}\n",
+            "TOPIC", "SCHEDULED", "DUE NOW", "RESERVED", "PARKED", "FAILING", "PAUSED"
         );
         for (topic, s) in &rows {
             out.push_str(&format!(
-                "{:<width$}  {:>10}  {:>10}  {:>10}\n",
+                "{:<width$}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>6}\n",
                 topic.as_str(),
                 s.scheduled,
                 s.due_now,
-                s.reserved
+                s.reserved,
+                s.parked,
+                s.failing,
+                if s.paused { "yes" } else { "no" }
             ));
+        }
+        out.trim_end().to_string()
+    };
+    Ok(Output { json, human })
+}
+
+/// `pause` (`paused = true`) and `resume`.
+async fn pause(store: &Store, topic: &Topic, paused: bool) -> Result<Output, CliError> {
+    let changed = if paused {
+        store.pause(topic).await?
+    } else {
+        store.resume(topic).await?
+    };
+    let human = match (paused, changed) {
+        (true, true) => format!(
+            "paused topic {topic}: nothing of it is dispatched until `redisched resume {topic}`"
+        ),
+        (true, false) => format!("topic {topic} was paused already"),
+        (false, true) => format!("resumed topic {topic}: its due jobs are dispatched"),
+        (false, false) => format!("topic {topic} was not paused"),
+    };
+    let json = view::to_json(&PauseView {
+        topic: topic.clone(),
+        paused,
+        changed,
+    });
+    Ok(Output { json, human })
+}
+
+async fn redrive(store: &Store, topic: &Topic, id: Option<&JobId>) -> Result<Output, CliError> {
+    let (redriven, human) = match id {
+        Some(id) => {
+            if !store.redrive(topic, id).await? {
+                let (_, why) = not_parked(store, topic, id).await?;
+                return Err(CliError::NotFound(why));
+            }
+            (1, format!("re-drove {topic}/{id}: due now"))
+        }
+        None => {
+            let moved = store.redrive_topic(topic).await?;
+            let human = match moved {
+                0 => format!("no parked jobs in topic {topic}"),
+                n => format!("re-drove {n} parked job(s) of topic {topic}: due now"),
+            };
+            (moved, human)
+        }
+    };
+    let json = view::to_json(&RedriveView {
+        topic: topic.clone(),
+        id: id.map(|id| id.to_string()),
+        redriven,
+    });
+    Ok(Output { json, human })
+}
+
+/// Why a redrive of one job moved nothing, for both faces: whether the job exists (it
+/// is then not parked), and the message.
+pub async fn not_parked(
+    store: &Store,
+    topic: &Topic,
+    id: &JobId,
+) -> Result<(bool, String), StoreError> {
+    Ok(match store.get(topic, id).await? {
+        None => (false, view::no_such_job(topic, id)),
+        Some(info) => (
+            true,
+            format!(
+                "job {id} in topic {topic} is not parked (it is {}); only parked jobs are re-driven",
+                view::to_json(&info.state).as_str().unwrap_or("?")
+            ),
+        ),
+    })
+}
+
+async fn history(
+    store: &Store,
+    topic: &Topic,
+    id: Option<&JobId>,
+    limit: usize,
+) -> Result<Output, CliError> {
+    check_limit(limit)?;
+    let entries = store.history(topic, id, limit).await?;
+    let now = store.server_time().await?;
+    let view = HistoryView::new(topic, id, &entries);
+    let json = view::to_json(&view);
+    let human = if view.entries.is_empty() {
+        match id {
+            Some(id) => format!("no history of job {id} in topic {topic}"),
+            None => format!("no history in topic {topic}"),
+        }
+    } else {
+        let width = view
+            .entries
+            .iter()
+            .map(|e| e.id.len())
+            .max()
+            .unwrap_or(2)
+            .max(2);
+        let mut out = format!(
+            "{:<24}  {:<14}  {:<10}  {:<width$}  {:>8}  {:<24}  DETAIL\n",
+            "AT", "", "OUTCOME", "ID", "ATTEMPTS", "DUE AT"
+        );
+        for e in &view.entries {
+            let detail = match e.detail.parse::<i64>() {
+                Ok(next) if e.outcome == crate::store::Outcome::Dispatched => {
+                    format!("next {}", rfc3339(next))
+                }
+                _ => e.detail.clone(),
+            };
+            let line = format!(
+                "{:<24}  {:<14}  {:<10}  {:<width$}  {:>8}  {:<24}  {detail}",
+                e.at_rfc3339,
+                relative(e.at, now),
+                e.outcome.as_str(),
+                e.id,
+                e.attempts,
+                e.due_at_rfc3339,
+            );
+            out.push_str(line.trim_end());
+            out.push('\n');
         }
         out.trim_end().to_string()
     };

@@ -8,7 +8,10 @@ use base64::Engine as _;
 use serde::Serialize;
 
 use crate::job::{JobId, Topic};
-use crate::store::{JobInfo, JobState, PutOutcome, PutStatus, TopicStats};
+use crate::store::{
+    HistoryEntry, JobInfo, JobState, JobSummary, LastError, Outcome, PutOutcome, PutStatus,
+    ScheduleSpec, SpecKind, TopicStats,
+};
 
 /// First epoch ms that RFC 3339 (years 0000–9999) cannot show.
 const YEAR_10000_MS: i64 = 253_402_300_800_000;
@@ -43,6 +46,12 @@ pub struct StatsRow {
     pub reserved: u64,
     pub expired: u64,
     pub records: u64,
+    /// Nothing of the topic is dispatched until it is resumed.
+    pub paused: bool,
+    /// Set aside after `dispatch.max_attempts` failed publishes; wait for a redrive.
+    pub parked: u64,
+    /// Jobs with a recorded failed publish (parked ones included).
+    pub failing: u64,
 }
 
 impl StatsRow {
@@ -54,6 +63,9 @@ impl StatsRow {
             reserved: stats.reserved,
             expired: stats.expired,
             records: stats.records,
+            paused: stats.paused,
+            parked: stats.parked,
+            failing: stats.failing,
         }
     }
 }
@@ -115,16 +127,104 @@ impl DeleteView {
     }
 }
 
-/// One scheduled job in a list.
+/// A recurring job's schedule: `every_ms`, or `cron` and `tz`; none of them for a
+/// one-shot job (the fields are left out). A spec another client wrote in a convention
+/// of its own shows as `spec`, as stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ScheduleFields {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub every_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tz: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec: Option<String>,
+}
+
+impl ScheduleFields {
+    /// The fields of a stored spec (`None`: a one-shot job).
+    pub fn of(spec: Option<&str>) -> Self {
+        let Some(raw) = spec else {
+            return Self::default();
+        };
+        let other = || Self {
+            spec: Some(raw.to_string()),
+            ..Self::default()
+        };
+        let Ok(spec) = ScheduleSpec::new(raw) else {
+            return other();
+        };
+        match spec.kind() {
+            SpecKind::Every { interval_ms } => Self {
+                every_ms: Some(interval_ms),
+                ..Self::default()
+            },
+            SpecKind::Cron { expr, tz } => Self {
+                cron: Some(expr.to_string()),
+                tz: Some(tz.to_string()),
+                ..Self::default()
+            },
+            SpecKind::Other(_) => other(),
+        }
+    }
+
+    /// For people: `every 15m`, `cron 0 9 * * MON-FRI (Europe/Berlin)`; `None` for a
+    /// one-shot job.
+    pub fn describe(&self) -> Option<String> {
+        if let Some(ms) = self.every_ms {
+            return Some(format!(
+                "every {}",
+                humantime::format_duration(Duration::from_millis(ms))
+            ));
+        }
+        if let Some(cron) = &self.cron {
+            return Some(format!(
+                "cron {cron} ({})",
+                self.tz.as_deref().unwrap_or("UTC")
+            ));
+        }
+        self.spec.as_ref().map(|spec| format!("spec {spec}"))
+    }
+}
+
+/// A job's failed publishes: how many (of this occurrence, for a series) and the last
+/// one's reason and time (`null` when it never failed).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct FailureFields {
+    pub failures: u32,
+    pub last_error: Option<String>,
+    pub last_error_at: Option<i64>,
+    pub last_error_at_rfc3339: Option<String>,
+}
+
+impl FailureFields {
+    pub fn new(failures: u32, last_error: Option<&LastError>) -> Self {
+        Self {
+            failures,
+            last_error: last_error.map(|e| e.reason.clone()),
+            last_error_at: last_error.map(|e| e.at),
+            last_error_at_rfc3339: last_error.map(|e| rfc3339(e.at)),
+        }
+    }
+}
+
+/// One job in a list: waiting (earliest first) or parked (by id).
 #[derive(Debug, Clone, Serialize)]
 pub struct ListRow {
     pub id: String,
+    pub state: JobState,
     pub due_at: i64,
     pub due_at_rfc3339: String,
+    pub attempts: u32,
+    #[serde(flatten)]
+    pub schedule: ScheduleFields,
+    #[serde(flatten)]
+    pub failure: FailureFields,
 }
 
 /// `GET /v1/topics/{topic}/jobs`, `redisched list --json`: the next scheduled jobs,
-/// earliest first, with the server's clock when they were read.
+/// earliest first (or the parked ones), with the server's clock when they were read.
 #[derive(Debug, Clone, Serialize)]
 pub struct ListView {
     pub topic: Topic,
@@ -133,16 +233,20 @@ pub struct ListView {
 }
 
 impl ListView {
-    pub fn new(topic: &Topic, now: i64, jobs: &[(String, i64)]) -> Self {
+    pub fn new(topic: &Topic, now: i64, jobs: &[JobSummary]) -> Self {
         Self {
             topic: topic.clone(),
             now,
             jobs: jobs
                 .iter()
-                .map(|(id, due_at)| ListRow {
-                    id: id.clone(),
-                    due_at: *due_at,
-                    due_at_rfc3339: rfc3339(*due_at),
+                .map(|job| ListRow {
+                    id: job.id.clone(),
+                    state: job.state,
+                    due_at: job.due_at,
+                    due_at_rfc3339: rfc3339(job.due_at),
+                    attempts: job.attempts,
+                    schedule: ScheduleFields::of(job.spec.as_deref()),
+                    failure: FailureFields::new(job.failures, job.last_error.as_ref()),
                 })
                 .collect(),
         }
@@ -164,6 +268,10 @@ pub struct JobView {
     pub body: String,
     pub encoding: &'static str,
     pub body_bytes: usize,
+    #[serde(flatten)]
+    pub schedule: ScheduleFields,
+    #[serde(flatten)]
+    pub failure: FailureFields,
 }
 
 impl JobView {
@@ -186,6 +294,76 @@ impl JobView {
             body,
             encoding,
             body_bytes: info.body.len(),
+            schedule: ScheduleFields::of(info.spec.as_deref()),
+            failure: FailureFields::new(info.failures, info.last_error.as_ref()),
+        }
+    }
+}
+
+/// `POST /v1/topics/{topic}/pause` and `/resume`, `redisched pause|resume --json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PauseView {
+    pub topic: Topic,
+    /// The state now.
+    pub paused: bool,
+    /// `false` when the topic was in that state already.
+    pub changed: bool,
+}
+
+/// A redrive (`POST …/jobs/{id}/redrive`, `POST …/redrive`, `redisched redrive --json`):
+/// how many parked jobs were made due now.
+#[derive(Debug, Clone, Serialize)]
+pub struct RedriveView {
+    pub topic: Topic,
+    /// The one job asked for; left out for a whole-topic redrive.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub redriven: u64,
+}
+
+/// One outcome of a topic's history.
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryRow {
+    pub at: i64,
+    pub at_rfc3339: String,
+    pub outcome: Outcome,
+    pub id: String,
+    pub attempts: u32,
+    pub due_at: i64,
+    pub due_at_rfc3339: String,
+    /// The next due time (epoch ms) after a dispatched occurrence of a series, the error
+    /// of a `parked` outcome, else empty.
+    pub detail: String,
+}
+
+/// `GET /v1/topics/{topic}/history`, `redisched history --json`: newest first.
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryView {
+    pub topic: Topic,
+    /// The job asked for; left out when the whole topic was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub entries: Vec<HistoryRow>,
+}
+
+impl HistoryView {
+    pub fn new(topic: &Topic, id: Option<&JobId>, entries: &[HistoryEntry]) -> Self {
+        Self {
+            topic: topic.clone(),
+            id: id.map(|id| id.to_string()),
+            entries: entries
+                .iter()
+                .map(|e| HistoryRow {
+                    at: e.at,
+                    at_rfc3339: rfc3339(e.at),
+                    outcome: e.outcome,
+                    id: e.id.clone(),
+                    attempts: e.attempts,
+                    due_at: e.due_at,
+                    due_at_rfc3339: rfc3339(e.due_at),
+                    detail: e.detail.clone(),
+                })
+                .collect(),
         }
     }
 }
@@ -205,10 +383,46 @@ mod tests {
         assert_eq!(rfc3339(-1), "-1");
         assert_eq!(rfc3339(YEAR_10000_MS - 1), "9999-12-31T23:59:59.999Z");
         assert_eq!(to_json(&JobState::Unindexed), "unindexed");
-        let row = ListView::new(&Topic::new("t").unwrap(), 5, &[("a".into(), 1000)]);
+        let job = JobSummary {
+            id: "a".into(),
+            due_at: 1000,
+            state: JobState::Parked,
+            attempts: 3,
+            spec: Some("cron:0 9 * * MON-FRI|Europe/Berlin".into()),
+            failures: 3,
+            last_error: Some(LastError {
+                reason: "unroutable: NO_ROUTE".into(),
+                at: 2000,
+            }),
+        };
+        let row = &to_json(&ListView::new(&Topic::new("t").unwrap(), 5, &[job]))["jobs"][0];
+        assert_eq!(row["due_at_rfc3339"], "1970-01-01T00:00:01.000Z");
+        assert_eq!(row["state"], "parked");
+        assert_eq!(row["cron"], "0 9 * * MON-FRI");
+        assert_eq!(row["tz"], "Europe/Berlin");
+        assert!(row.get("every_ms").is_none(), "{row}");
+        assert_eq!(row["last_error"], "unroutable: NO_ROUTE");
+        assert_eq!(row["last_error_at"], 2000);
+    }
+
+    #[test]
+    fn schedules_read_back_for_people() {
+        let every = ScheduleFields::of(Some("every:900000"));
+        assert_eq!(every.every_ms, Some(900_000));
+        assert_eq!(every.describe().as_deref(), Some("every 15m"));
+        let cron = ScheduleFields::of(Some("cron:*/2 * * * * *|UTC"));
+        assert_eq!(cron.describe().as_deref(), Some("cron */2 * * * * * (UTC)"));
+        let other = ScheduleFields::of(Some("weekly"));
+        assert_eq!(other.spec.as_deref(), Some("weekly"));
+        assert_eq!(ScheduleFields::of(None), ScheduleFields::default());
+        assert_eq!(ScheduleFields::of(None).describe(), None);
+        let one_shot = to_json(&ScheduleFields::default());
         assert_eq!(
-            to_json(&row)["jobs"][0]["due_at_rfc3339"],
-            "1970-01-01T00:00:01.000Z"
+            one_shot,
+            serde_json::json!({}),
+            "one-shot jobs carry no schedule fields"
         );
+        let never = to_json(&FailureFields::new(0, None));
+        assert_eq!(never["last_error"], serde_json::Value::Null);
     }
 }

@@ -129,28 +129,12 @@ impl Confirmer {
         if acked.is_empty() {
             return;
         }
-        // The server's clock as last read (it can only lag it): a next occurrence a
-        // hair in the past is simply due at once, never early.
-        let now = self.clock.now();
-        let leases: Vec<Delivered> = acked
-            .iter()
-            .map(|a| Delivered {
-                lease: a.lease.clone(),
-                next_due: match &a.schedule {
-                    None => NextDue::OneShot,
-                    Some(schedule) => match schedule.next_occurrence(a.due_at, now) {
-                        Some(next) => NextDue::At(next),
-                        None => {
-                            tracing::warn!(topic = %a.lease.topic, id = %a.lease.id, %schedule,
-                                "series has no further occurrence; it ends");
-                            NextDue::End
-                        }
-                    },
-                },
-            })
-            .collect();
         let mut backoff = Duration::from_millis(100);
         loop {
+            // The server's clock as last read (it can only lag it): a next occurrence a
+            // hair in the past is simply due at once, never early. Read again on each
+            // try, so a long Redis outage does not schedule occurrences in the past.
+            let leases = delivered(acked, self.clock.now());
             match self.store.release_delivered(&leases).await {
                 Ok(released) => {
                     if (released as usize) < leases.len() {
@@ -197,4 +181,26 @@ impl Confirmer {
         )
         .await;
     }
+}
+
+/// What releasing each acked job does at `now`: delete a one-shot job, move a series to
+/// its next occurrence, or end a series that has none.
+fn delivered(acked: &[Acked], now: i64) -> Vec<Delivered> {
+    acked
+        .iter()
+        .map(|a| Delivered {
+            lease: a.lease.clone(),
+            next_due: match &a.schedule {
+                None => NextDue::OneShot,
+                Some(schedule) => match schedule.next_occurrence(a.due_at, now) {
+                    Some(next) => NextDue::At(next),
+                    None => {
+                        tracing::warn!(topic = %a.lease.topic, id = %a.lease.id, %schedule,
+                            "series has no further occurrence; it ends");
+                        NextDue::End
+                    }
+                },
+            },
+        })
+        .collect()
 }

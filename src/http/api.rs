@@ -41,6 +41,7 @@ pub async fn topics(State(state): State<AppState>) -> Result<Json<TopicsView>, A
 pub struct ListQuery {
     limit: Option<String>,
     offset: Option<String>,
+    state: Option<String>,
 }
 
 /// `GET /v1/topics/{topic}/jobs?limit=&offset=`: the next scheduled jobs, earliest first.
@@ -71,7 +72,8 @@ pub async fn list_jobs(
                 ))
             })? as usize,
     };
-    let jobs = state.store.list(&topic, limit, offset).await?;
+    let which = super::features::list_which(query.state.as_deref())?;
+    let jobs = state.store.list_jobs(&topic, which, limit, offset).await?;
     let now = state.store.server_time().await?;
     Ok(Json(ListView::new(&topic, now, &jobs)))
 }
@@ -98,9 +100,13 @@ pub struct PutQuery {
     at: Option<String>,
     mode: Option<String>,
     replace: Option<String>,
+    every: Option<String>,
+    cron: Option<String>,
+    tz: Option<String>,
 }
 
-/// `PUT /v1/topics/{topic}/jobs/{id}?delay_ms=|at=&mode=replace`: the raw body is the job.
+/// `PUT /v1/topics/{topic}/jobs/{id}?delay_ms=|at=&mode=replace`: the raw body is the job;
+/// `every=` or `cron=` (+ `tz=`) make it recurring (`super::features::recurrence`).
 pub async fn put_job(
     State(state): State<AppState>,
     PathParams((topic, id)): PathParams<(String, String)>,
@@ -110,12 +116,20 @@ pub async fn put_job(
     let parsed = query
         .map_err(|e| ApiError::bad_request(e.body_text()))
         .and_then(|Query(q)| {
-            Ok((
-                put_mode(&q)?,
-                parse_due(q.delay_ms.as_deref(), q.at.as_deref())?,
-            ))
+            let due = parse_due(q.delay_ms.as_deref(), q.at.as_deref())?;
+            let explicit = [&q.delay_ms, &q.at]
+                .iter()
+                .any(|v| v.as_deref().is_some_and(|v| !v.is_empty()));
+            let recurrence = super::features::recurrence(
+                &state,
+                q.every.as_deref(),
+                q.cron.as_deref(),
+                q.tz.as_deref(),
+                explicit.then_some(due),
+            )?;
+            Ok((put_mode(&q)?, due, recurrence))
         });
-    let (mode, due) = match parsed {
+    let (mode, due, recurrence) = match parsed {
         Ok(parsed) => parsed,
         Err(err) => return finish_put(&state, &topic, &id, PutMode::Keep, Err(err)),
     };
@@ -123,7 +137,10 @@ pub async fn put_job(
         let topic = parse_topic(&topic)?;
         let id = parse_id(&id)?;
         let body = read_body(body, state.store.limits().max_body_bytes).await?;
-        put(&state, topic, id, body, due, mode).await
+        match recurrence {
+            Some(recurrence) => recurrence.put(&state, topic, id, body, mode).await,
+            None => put(&state, topic, id, body, due, mode).await,
+        }
     }
     .await;
     finish_put(&state, &topic, &id, mode, result)

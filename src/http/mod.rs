@@ -11,6 +11,7 @@ mod api;
 mod auth;
 mod compat;
 mod error;
+mod features;
 mod ops;
 
 use std::sync::Arc;
@@ -63,6 +64,14 @@ pub fn router(state: AppState) -> Router {
             "/v1/topics/{topic}/jobs/{id}",
             get(api::get_job).put(api::put_job).delete(api::delete_job),
         )
+        .route("/v1/topics/{topic}/pause", post(features::pause))
+        .route("/v1/topics/{topic}/resume", post(features::resume))
+        .route("/v1/topics/{topic}/redrive", post(features::redrive_topic))
+        .route(
+            "/v1/topics/{topic}/jobs/{id}/redrive",
+            post(features::redrive_job),
+        )
+        .route("/v1/topics/{topic}/history", get(features::history))
         .route("/schedule/{topic}", post(compat::schedule))
         .route("/cancel/{topic}", post(compat::cancel))
         .fallback(|| async { ApiError::not_found("no such endpoint") })

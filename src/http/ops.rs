@@ -86,14 +86,15 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
         .into_response()
 }
 
-/// The per-topic gauges of one topic. Paused, parked and failing stay 0 until the store
-/// reports them.
+/// The per-topic gauges of one topic, as `stats` counts them.
 fn topic_snapshot(stats: &crate::store::TopicStats) -> TopicSnapshot {
     TopicSnapshot {
         scheduled: stats.scheduled,
         due: stats.due_now,
         reserved: stats.reserved,
-        ..TopicSnapshot::default()
+        paused: stats.paused,
+        parked: stats.parked,
+        failing: stats.failing,
     }
 }
 

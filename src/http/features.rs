@@ -1,0 +1,250 @@
+//! The REST faces of the scheduler features (issue 10): pause and resume a topic,
+//! redrive parked jobs, a topic's outcome history, and the schedule parameters of a put.
+//! The JSON is the CLI's `--json` (`crate::view`).
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+
+use super::api::{parse_id, parse_topic};
+use super::{ApiError, AppState};
+use crate::feed::Event;
+use crate::job::{Due, JobId, PutMode, Topic};
+use crate::schedule::Schedule;
+use crate::store::{ListWhich, PutOutcome, PutRequest, MAX_BATCH};
+use crate::view::{HistoryView, PauseView, RedriveView};
+
+/// History entries shown when `limit` is not given.
+const DEFAULT_HISTORY_LIMIT: usize = 50;
+
+/// `POST /v1/topics/{topic}/pause`: nothing of the topic is dispatched until resumed;
+/// commands are still applied. A topic without jobs can be paused.
+pub async fn pause(
+    State(state): State<AppState>,
+    Path(topic): Path<String>,
+) -> Result<Json<PauseView>, ApiError> {
+    let topic = parse_topic(&topic)?;
+    let changed = state.store.pause(&topic).await?;
+    announce(
+        &state,
+        &topic,
+        "",
+        "pause",
+        if changed { "paused" } else { "unchanged" },
+    );
+    Ok(Json(PauseView {
+        topic,
+        paused: true,
+        changed,
+    }))
+}
+
+/// `POST /v1/topics/{topic}/resume`: the topic's due jobs are dispatched again.
+pub async fn resume(
+    State(state): State<AppState>,
+    Path(topic): Path<String>,
+) -> Result<Json<PauseView>, ApiError> {
+    let topic = parse_topic(&topic)?;
+    let changed = state.store.resume(&topic).await?;
+    announce(
+        &state,
+        &topic,
+        "",
+        "resume",
+        if changed { "resumed" } else { "unchanged" },
+    );
+    Ok(Json(PauseView {
+        topic,
+        paused: false,
+        changed,
+    }))
+}
+
+/// `POST /v1/topics/{topic}/jobs/{id}/redrive`: a parked job due now, attempts kept.
+/// 404 when there is no such job, 409 when it is not parked.
+pub async fn redrive_job(
+    State(state): State<AppState>,
+    Path((topic, id)): Path<(String, String)>,
+) -> Result<Json<RedriveView>, ApiError> {
+    let topic = parse_topic(&topic)?;
+    let id = parse_id(&id)?;
+    if !state.store.redrive(&topic, &id).await? {
+        return Err(not_redriven(&state, &topic, &id).await?);
+    }
+    announce(&state, &topic, id.as_str(), "redrive", "re-driven");
+    Ok(Json(RedriveView {
+        topic,
+        id: Some(id.to_string()),
+        redriven: 1,
+    }))
+}
+
+/// `POST /v1/topics/{topic}/redrive`: every parked job of the topic due now.
+pub async fn redrive_topic(
+    State(state): State<AppState>,
+    Path(topic): Path<String>,
+) -> Result<Json<RedriveView>, ApiError> {
+    let topic = parse_topic(&topic)?;
+    let redriven = state.store.redrive_topic(&topic).await?;
+    announce(&state, &topic, "", "redrive", "re-driven");
+    Ok(Json(RedriveView {
+        topic,
+        id: None,
+        redriven,
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct HistoryQuery {
+    id: Option<String>,
+    limit: Option<String>,
+}
+
+/// `GET /v1/topics/{topic}/history?id=&limit=`: the latest outcomes, newest first.
+pub async fn history(
+    State(state): State<AppState>,
+    Path(topic): Path<String>,
+    query: Result<Query<HistoryQuery>, QueryRejection>,
+) -> Result<Json<HistoryView>, ApiError> {
+    let topic = parse_topic(&topic)?;
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    // An empty value is refused rather than read as "absent", as everywhere in the API.
+    let id = match query.id.as_deref() {
+        None => None,
+        Some(raw) => Some(parse_id(raw)?),
+    };
+    let limit = match query.limit.as_deref() {
+        None => DEFAULT_HISTORY_LIMIT,
+        Some(raw) => raw
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_BATCH).contains(n))
+            .ok_or_else(|| {
+                ApiError::bad_request(format!("limit must be 1..={MAX_BATCH}, got {raw:?}"))
+            })?,
+    };
+    let entries = state.store.history(&topic, id.as_ref(), limit).await?;
+    Ok(Json(HistoryView::new(&topic, id.as_ref(), &entries)))
+}
+
+/// A recurring put: its schedule and the first time it was asked for (`delay_ms`/`at`).
+pub(super) struct Recurrence {
+    schedule: Schedule,
+    explicit: Option<Due>,
+}
+
+/// The schedule parameters of a put: `every` (ms or `15m`-style), or `cron` with an
+/// optional `tz`; `None` for a one-shot put. Bad combinations and specs are 400s.
+pub(super) fn recurrence(
+    state: &AppState,
+    every: Option<&str>,
+    cron: Option<&str>,
+    tz: Option<&str>,
+    explicit: Option<Due>,
+) -> Result<Option<Recurrence>, ApiError> {
+    for (name, value) in [("every", every), ("cron", cron), ("tz", tz)] {
+        if value == Some("") {
+            return Err(ApiError::bad_request(format!(
+                "{name} must not be empty (leave it out for a one-shot job)"
+            )));
+        }
+    }
+    let schedule = match (every, cron, tz) {
+        (Some(_), Some(_), _) => {
+            return Err(ApiError::bad_request("give every or cron, not both"));
+        }
+        (Some(_), None, Some(_)) | (None, None, Some(_)) => {
+            return Err(ApiError::bad_request("tz is only meaningful with cron"));
+        }
+        (Some(every), None, None) => {
+            Schedule::parse_every(every, state.config.limits.min_interval_ms)
+                .map_err(|e| ApiError::bad_request(format!("every: {e}")))?
+        }
+        (None, Some(cron), tz) => {
+            Schedule::cron(cron, tz).map_err(|e| ApiError::bad_request(format!("cron: {e}")))?
+        }
+        (None, None, None) => return Ok(None),
+    };
+    Ok(Some(Recurrence { schedule, explicit }))
+}
+
+impl Recurrence {
+    /// Stores the recurring job, first due per [`crate::cli::first_due`].
+    pub(super) async fn put(
+        &self,
+        state: &AppState,
+        topic: Topic,
+        id: JobId,
+        body: Vec<u8>,
+        mode: PutMode,
+    ) -> Result<(PutOutcome, usize), ApiError> {
+        let now = state.store.server_time().await?;
+        let due = crate::cli::first_due(&self.schedule, self.explicit, now)
+            .map_err(ApiError::bad_request)?;
+        let spec = self
+            .schedule
+            .store_spec()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let body_bytes = body.len();
+        let request = PutRequest {
+            topic,
+            id,
+            body,
+            meta: Vec::new(),
+            due,
+            mode,
+        };
+        Ok((state.store.put_recurring(request, spec).await?, body_bytes))
+    }
+}
+
+/// The `state` query parameter of `GET /v1/topics/{topic}/jobs`: `scheduled` (default)
+/// or `parked`.
+pub(super) fn list_which(raw: Option<&str>) -> Result<ListWhich, ApiError> {
+    match raw {
+        None | Some("scheduled") => Ok(ListWhich::Scheduled),
+        Some("parked") => Ok(ListWhich::Parked),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "state must be `scheduled` or `parked`, got {other:?}"
+        ))),
+    }
+}
+
+/// Why a redrive of one job moved nothing: 404 without the job, 409 when it is not parked.
+async fn not_redriven(state: &AppState, topic: &Topic, id: &JobId) -> Result<ApiError, ApiError> {
+    Ok(
+        match crate::cli::not_parked(&state.store, topic, id).await? {
+            (false, message) => ApiError::not_found(message),
+            (true, message) => ApiError::new(StatusCode::CONFLICT, message),
+        },
+    )
+}
+
+/// Tells the live feed and the log; these are not job commands, so
+/// `redisched_commands_total` does not count them.
+fn announce(state: &AppState, topic: &Topic, id: &str, op: &str, outcome: &str) {
+    state.feed.send(Event::Command {
+        topic: topic.to_string(),
+        id: id.to_string(),
+        op: op.to_string(),
+        outcome: outcome.to_string(),
+    });
+    tracing::info!(%topic, id, op, outcome, source = "http", "topic operation");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_states_parse() {
+        assert_eq!(list_which(None).ok(), Some(ListWhich::Scheduled));
+        assert_eq!(list_which(Some("parked")).ok(), Some(ListWhich::Parked));
+        let err = list_which(Some("dead")).unwrap_err();
+        assert_eq!(err.status, StatusCode::BAD_REQUEST);
+        assert!(err.message.contains("`parked`"), "{}", err.message);
+        assert!(list_which(Some("")).is_err(), "an empty value is refused");
+    }
+}
