@@ -19,6 +19,7 @@ use crate::dispatch::{Dispatcher, Plan, ServerClock};
 use crate::feed::Feed;
 use crate::http::{self, AppState};
 use crate::ingest::Ingest;
+use crate::log_throttle::{self, LogThrottle};
 use crate::metrics::{Metrics, Stage};
 use crate::requeue;
 use crate::store::{DueHints, Store};
@@ -83,12 +84,27 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     ));
     tasks.close();
 
+    let warnings = Arc::new(LogThrottle::default());
+    {
+        let (warnings, shutdown) = (warnings.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            let mut every = tokio::time::interval(log_throttle::WINDOW);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = every.tick() => warnings.log_summaries(),
+                }
+            }
+            warnings.log_remaining();
+        });
+    }
     let ingest = Ingest {
         store: store.clone(),
         config: config.clone(),
         metrics: metrics.clone(),
         feed: feed.clone(),
         hints: hints.clone(),
+        warnings: warnings.clone(),
     };
     let dispatcher = Dispatcher {
         store,
@@ -97,6 +113,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         feed,
         hints,
         clock: Arc::new(ServerClock::new()),
+        warnings,
     };
     // Ingest and dispatch each get their own connection: a command the client library
     // cannot even parse (which drops the connection) must not interrupt deliveries,

@@ -97,16 +97,17 @@ impl LogThrottle {
     /// The counts held back in windows that have ended, one per key; forgets keys that
     /// were quiet for a whole window. Call it about once per window.
     pub fn summaries(&self) -> Vec<Summary> {
-        self.summaries_at(Instant::now())
+        self.summaries_at(Instant::now(), false)
     }
 
-    fn summaries_at(&self, now: Instant) -> Vec<Summary> {
+    /// `all`: also the windows still open (at shutdown, so no count goes unsaid).
+    fn summaries_at(&self, now: Instant, all: bool) -> Vec<Summary> {
         let Ok(mut entries) = self.entries.lock() else {
             return Vec::new();
         };
         let mut out = Vec::new();
         entries.retain(|(topic, kind), entry| {
-            if now.duration_since(entry.window_start) < self.window {
+            if !all && now.duration_since(entry.window_start) < self.window {
                 return true;
             }
             if entry.suppressed == 0 {
@@ -128,15 +129,23 @@ impl LogThrottle {
 
     /// Logs the summaries of ended windows as WARN lines; run it every [`WINDOW`].
     pub fn log_summaries(&self) {
-        for summary in self.summaries() {
+        self.log(self.summaries());
+    }
+
+    /// Logs every count still held back, windows open or not: at shutdown.
+    pub fn log_remaining(&self) {
+        self.log(self.summaries_at(Instant::now(), true));
+    }
+
+    fn log(&self, summaries: Vec<Summary>) {
+        for summary in summaries {
             tracing::warn!(
                 topic = %summary.topic,
                 count = summary.count,
                 last = %summary.last_detail,
-                "{} more {} in the last {}s (logged once per {}s; metrics count each)",
+                "{} more {} (logged once per {}s per topic; metrics count each)",
                 summary.count,
                 summary.kind,
-                self.window.as_secs(),
                 self.window.as_secs()
             );
         }
@@ -170,7 +179,7 @@ mod tests {
                 .is_empty(),
             "window still open"
         );
-        let summaries = throttle.summaries_at(t0 + Duration::from_secs(10));
+        let summaries = throttle.summaries_at(t0 + Duration::from_secs(10), false);
         assert_eq!(
             summaries,
             vec![Summary {
@@ -197,7 +206,7 @@ mod tests {
             if throttle.admit_at(now, "t", "unroutable", "NO_ROUTE") {
                 lines += 1;
             }
-            lines += throttle.summaries_at(now).len();
+            lines += throttle.summaries_at(now, false).len();
         }
         assert!(
             (6..=7).contains(&lines),

@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use super::{record_failure, retry_delay, ServerClock};
 use crate::config::Config;
 use crate::feed::{Event, Feed};
+use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
 use crate::schedule::Schedule;
 use crate::store::{Delivered, Lease, NextDue, Store};
@@ -44,6 +45,7 @@ pub(crate) struct Confirmer {
     pub metrics: Arc<Metrics>,
     pub feed: Feed,
     pub clock: Arc<ServerClock>,
+    pub warnings: Arc<LogThrottle>,
 }
 
 impl Confirmer {
@@ -89,7 +91,13 @@ impl Confirmer {
                 }
                 Ok(Confirmation::Ack(Some(returned))) => {
                     self.metrics.unroutable_returns.inc();
-                    tracing::warn!(topic = %lease.topic, id = %lease.id, reply = %returned.reply_text, "job unroutable (no queue bound for its topic); kept and retried");
+                    if self.warnings.admit(
+                        lease.topic.as_str(),
+                        "unroutable jobs retried",
+                        returned.reply_text.as_str(),
+                    ) {
+                        tracing::warn!(topic = %lease.topic, id = %lease.id, reply = %returned.reply_text, "job unroutable (no queue bound for its topic); kept and retried");
+                    }
                     let reason = format!("unroutable: {}", returned.reply_text);
                     self.hand_back(
                         &lease,
@@ -100,7 +108,12 @@ impl Confirmer {
                     .await;
                 }
                 Ok(Confirmation::Nack(_)) => {
-                    tracing::warn!(topic = %lease.topic, id = %lease.id, "broker nacked a job; kept and retried");
+                    if self
+                        .warnings
+                        .admit(lease.topic.as_str(), "nacked jobs retried", "nack")
+                    {
+                        tracing::warn!(topic = %lease.topic, id = %lease.id, "broker nacked a job; kept and retried");
+                    }
                     self.hand_back(&lease, retry_delay(&self.config, attempt), "nack", "nack")
                         .await;
                 }

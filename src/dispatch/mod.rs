@@ -23,6 +23,7 @@ use crate::amqp::{self, decode_meta, outgoing_properties, AmqpError};
 use crate::config::Config;
 use crate::feed::Feed;
 use crate::job::Topic;
+use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
 use crate::schedule::Schedule;
 use crate::store::ReservedJob;
@@ -126,6 +127,9 @@ pub struct Dispatcher {
     pub feed: Feed,
     pub hints: Arc<DueHints>,
     pub clock: Arc<ServerClock>,
+    /// Failed publishes are retried; the log gets the first per topic and reason, then a
+    /// summary per window, not a line per retry.
+    pub warnings: Arc<LogThrottle>,
 }
 
 impl Dispatcher {
@@ -147,6 +151,7 @@ impl Dispatcher {
             metrics: self.metrics.clone(),
             feed: self.feed.clone(),
             clock: self.clock.clone(),
+            warnings: self.warnings.clone(),
         };
         let mut confirmer = tokio::spawn(confirmer.run(confirmed));
 

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::amqp::{self, headers, AmqpError};
 use crate::config::Config;
 use crate::feed::{Event, Feed};
+use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
 use crate::store::PutStatus;
 use crate::store::{Applied, Command, DueHints, Op, Store, StoreError};
@@ -36,6 +37,9 @@ pub struct Ingest {
     pub metrics: Arc<Metrics>,
     pub feed: Feed,
     pub hints: Arc<DueHints>,
+    /// Invalid commands are counted exactly in metrics; the log gets the first of each
+    /// topic and a summary per window, not one line per command.
+    pub warnings: Arc<LogThrottle>,
 }
 
 /// How one delivery ended, before it is acked.
@@ -160,7 +164,13 @@ impl Ingest {
             self.record(delivery, &outcome);
             self.reply(side, delivery, &outcome).await;
             if let Outcome::Invalid(reason) = &outcome {
-                tracing::warn!(topic = %delivery.routing_key, id = ?crate::amqp::job_id(&delivery.properties).ok().flatten(), %reason, "invalid command set aside");
+                if self.warnings.admit(
+                    delivery.routing_key.as_str(),
+                    "invalid commands set aside",
+                    reason,
+                ) {
+                    tracing::warn!(topic = %delivery.routing_key, id = ?crate::amqp::job_id(&delivery.properties).ok().flatten(), %reason, "invalid command set aside");
+                }
                 set_aside.push(self.set_aside(side, delivery, reason).await?);
             }
         }
