@@ -175,7 +175,7 @@ mod tests {
 
         assert!(
             throttle
-                .summaries_at(t0 + Duration::from_secs(5))
+                .summaries_at(t0 + Duration::from_secs(5), false)
                 .is_empty(),
             "window still open"
         );
@@ -191,9 +191,18 @@ mod tests {
         );
         // Quiet keys are forgotten; the next occurrence is a first one again.
         assert!(throttle
-            .summaries_at(t0 + Duration::from_secs(25))
+            .summaries_at(t0 + Duration::from_secs(25), false)
             .is_empty());
         assert!(throttle.admit_at(t0 + Duration::from_secs(26), "b", "invalid command", "y"));
+
+        // At shutdown, open windows are reported too.
+        assert!(!throttle.admit_at(t0 + Duration::from_secs(27), "b", "invalid command", "z"));
+        let remaining = throttle.summaries_at(t0 + Duration::from_secs(28), true);
+        assert_eq!(remaining.len(), 1);
+        assert_eq!(
+            (remaining[0].count, remaining[0].last_detail.as_str()),
+            (1, "z")
+        );
     }
 
     #[test]
