@@ -1,14 +1,20 @@
 //! The web dashboard in a real headless browser (Debian's chromium + chromedriver, see
 //! scripts/browser-deps.sh): schedule a job in the page and see it listed, see a
-//! dispatched job arrive in the live feed, cancel another job and see it gone. Leaves a
-//! screenshot at artifacts/dashboard.png.
+//! dispatched job arrive in the live feed, cancel another job and see it gone; the
+//! activity charts after a burst of commands and dispatches, the due histogram of a topic;
+//! pause and resume, parked and failing jobs with re-drive, the history panel; the page
+//! with a configured token and a read token. Leaves screenshots at artifacts/dashboard*.png
+//! and in the temp dir (the path is printed).
+//!
+//! The browser tests take turns (one chromium at a time: the machine has two cores).
 
 mod common;
 
 use std::net::TcpListener as StdListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
@@ -17,11 +23,16 @@ use redisched::feed::{Event, Feed};
 use redisched::http::{self, AppState};
 use redisched::job::{Due, JobId, PutMode, Topic};
 use redisched::metrics::Metrics;
-use redisched::store::PutRequest;
-use serde_json::json;
+use redisched::store::{JobState, Lease, PutRequest, RetryOutcome, ScheduleSpec, Store};
+use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-const WAIT: Duration = Duration::from_secs(15);
+/// Generous: the machine is shared and often loaded; a pass takes far less.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// One browser at a time.
+static BROWSER_TURN: LazyLock<tokio::sync::Mutex<()>> =
+    LazyLock::new(|| tokio::sync::Mutex::new(()));
 
 /// chromedriver on a free loopback port, killed on drop, with a fresh profile dir.
 struct Driver {
@@ -47,10 +58,13 @@ impl Driver {
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
+        // A process group of its own: the chromium it starts joins it, so a test that
+        // panics before closing its session still leaves no browser behind (see Drop).
         let child = Command::new("chromedriver")
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
             .expect("start chromedriver");
         let profile = std::env::temp_dir().join(common::unique("chromium-profile"));
@@ -100,19 +114,39 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        // The whole group: chromedriver and the browser it started.
+        let _ = Command::new("kill")
+            .args(["-TERM", "--", &format!("-{}", self.child.id())])
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.profile);
     }
 }
 
+/// What the page says (status line, live badge, topics shown), for failure messages.
+async fn page_state(client: &Client) -> String {
+    let script = "return ['status: ' + document.getElementById('status').textContent, \
+                  'live: ' + document.getElementById('live').textContent, \
+                  'topics: ' + [...document.querySelectorAll('#topics tr')].map(r => r.dataset.topic).join(' ')];";
+    match client.execute(script, Vec::new()).await {
+        Ok(value) => value.to_string(),
+        Err(e) => format!("(page state unreadable: {e})"),
+    }
+}
+
 async fn wait_for(client: &Client, css: &str) {
-    client
+    if let Err(e) = client
         .wait()
         .at_most(WAIT)
         .for_element(Locator::Css(css))
         .await
-        .unwrap_or_else(|e| panic!("{css} did not appear: {e}"));
+    {
+        panic!(
+            "{css} did not appear: {e}; page: {}",
+            page_state(client).await
+        );
+    }
 }
 
 async fn wait_gone(client: &Client, css: &str) {
@@ -135,6 +169,7 @@ async fn fill(client: &Client, css: &str, text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_schedules_lists_streams_and_cancels() {
+    let _turn = BROWSER_TURN.lock().await;
     let store = common::test_store().await;
     let topic = Topic::new("emails").unwrap();
     for (id, delay_ms, body) in [
@@ -287,4 +322,671 @@ async fn dashboard_schedules_lists_streams_and_cancels() {
     client.close().await.expect("close the browser");
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+}
+
+// ------------------------------------------------------------------ shared by the tests below
+
+/// The HTTP server on a free port over `store`, stopped on drop.
+struct Site {
+    base: String,
+    state: AppState,
+    shutdown: CancellationToken,
+}
+
+impl Site {
+    async fn start(store: &Store, config: Config) -> Self {
+        let state = AppState {
+            store: store.clone(),
+            metrics: Arc::new(Metrics::new()),
+            feed: Feed::new(),
+            config: Arc::new(config),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let shutdown = CancellationToken::new();
+        tokio::spawn(http::serve(state.clone(), listener, shutdown.clone()));
+        Self {
+            base,
+            state,
+            shutdown,
+        }
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn put(store: &Store, topic: &Topic, id: &str, due: Due) -> i64 {
+    store
+        .put(PutRequest {
+            topic: topic.clone(),
+            id: JobId::new(id).unwrap(),
+            body: id.as_bytes().to_vec(),
+            meta: Vec::new(),
+            due,
+            mode: PutMode::Keep,
+        })
+        .await
+        .unwrap()
+        .due_at
+}
+
+/// Puts `id` due now, reserves it and records a failed publish: with `max_attempts` 1
+/// it is parked, with 0 it is due again after `retry_in` with its `last_error`.
+async fn fail(
+    store: &Store,
+    topic: &Topic,
+    id: &str,
+    reason: &str,
+    max_attempts: u32,
+    retry_in: Duration,
+) {
+    put(store, topic, id, Due::NOW).await;
+    let batch = store
+        .reserve(topic, Duration::from_secs(30), 10)
+        .await
+        .unwrap();
+    let job = batch
+        .jobs
+        .iter()
+        .find(|j| j.id == id)
+        .unwrap_or_else(|| panic!("{id} reserved: {:?}", batch.jobs));
+    let lease = Lease {
+        topic: topic.clone(),
+        id: id.to_string(),
+        token: job.token,
+    };
+    let outcome = store
+        .retry_failed(&lease, retry_in, reason, max_attempts)
+        .await
+        .unwrap();
+    let expected = if max_attempts == 1 {
+        RetryOutcome::Parked
+    } else {
+        RetryOutcome::Retried
+    };
+    assert_eq!(outcome, expected, "{id}");
+}
+
+/// Clicks `css` once it is there; the page re-renders its tables every few seconds, so
+/// an element replaced between finding and clicking it is found again.
+async fn click(client: &Client, css: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let result = match client.find(Locator::Css(css)).await {
+            Ok(element) => element.click().await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match result {
+            Ok(()) => return,
+            Err(e) if Instant::now() > deadline => {
+                panic!("click {css}: {e}; page: {}", page_state(client).await)
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// The rendered text of `css` (found again if the page replaced it meanwhile).
+async fn text_of(client: &Client, css: &str) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let result = match client.find(Locator::Css(css)).await {
+            Ok(element) => element.text().await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match result {
+            Ok(text) => return text,
+            Err(e) if Instant::now() > deadline => panic!("text of {css}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Runs `script` (a function body returning a JSON-able value) in the page.
+async fn js(client: &Client, script: &str) -> Value {
+    client
+        .execute(script, Vec::new())
+        .await
+        .unwrap_or_else(|e| panic!("script failed: {e}\n{script}"))
+}
+
+/// Polls `check` until it returns `Some`, or fails with the last `None` reason.
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(why) if Instant::now() > deadline => panic!("{what}: {why}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(150)).await,
+        }
+    }
+}
+
+/// A screenshot of the page in a 1440x1700 window, to the temp dir and to artifacts/
+/// (path printed).
+async fn screenshot(client: &Client, name: &str) -> PathBuf {
+    client.set_window_size(1440, 1700).await.expect("resize");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let png = client.screenshot().await.expect("screenshot");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("artifacts");
+    std::fs::create_dir_all(&dir).expect("artifacts dir");
+    std::fs::write(dir.join(format!("{name}.png")), &png).expect("write the screenshot");
+    let file = std::env::temp_dir().join(format!("{}-{name}.png", common::unique("shot")));
+    std::fs::write(&file, &png).expect("write the screenshot");
+    println!("screenshot: {}", file.display());
+    client
+        .set_window_size(1440, 900)
+        .await
+        .expect("resize back");
+    file
+}
+
+/// `{from, to, count}` of every bar of the due histogram, in order.
+async fn bars(client: &Client) -> Vec<(i64, i64, u64)> {
+    let value = js(
+        client,
+        "return [...document.querySelectorAll('#due-chart rect.bar')].map(r => \
+         [Number(r.dataset.from), Number(r.dataset.to), Number(r.dataset.count)]);",
+    )
+    .await;
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b[0].as_i64().unwrap(),
+                b[1].as_i64().unwrap(),
+                b[2].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Waits for `n` bars, then checks each counts exactly the `due` times in its `(from, to]`;
+/// returns how many jobs the bars hold.
+async fn check_bars(client: &Client, n: usize, due: &[i64]) -> u64 {
+    let shown = eventually(&format!("{n} bars"), || async {
+        let shown = bars(client).await;
+        if shown.len() == n {
+            Ok(shown)
+        } else {
+            Err(format!("{} bars", shown.len()))
+        }
+    })
+    .await;
+    let mut total = 0;
+    for (from, to, count) in &shown {
+        let expected = due.iter().filter(|&&d| *from < d && d <= *to).count() as u64;
+        assert_eq!(*count, expected, "bar ({from}, {to}] of {shown:?}");
+        total += count;
+    }
+    total
+}
+
+/// `(points, sum)` of one series path of a line chart.
+async fn series(client: &Client, chart: &str, name: &str) -> (u64, f64) {
+    let value = js(
+        client,
+        &format!(
+            "const p = document.querySelector('#{chart} path.series[data-series=\"{name}\"]'); \
+             return p ? [Number(p.dataset.points), Number(p.dataset.sum), p.getAttribute('d')] : null;"
+        ),
+    )
+    .await;
+    let points = value[0].as_u64().unwrap_or(0);
+    let sum = value[1].as_f64().unwrap_or(0.0);
+    if points > 0 {
+        assert!(value[2].as_str().unwrap().len() > 5, "{value}");
+    }
+    (points, sum)
+}
+
+/// Every piece of visible text whose contrast with what is behind it is below 4.5:1
+/// (WCAG AA), as `"<text>: <ratio>"`. Backgrounds are found by walking up to the first
+/// opaque one; SVG text is measured by its fill against the chart's white.
+const CONTRAST_CHECK: &str = r#"
+  const rgb = (c) => { const m = c.match(/[\d.]+/g); return m ? m.map(Number) : [0, 0, 0, 0]; };
+  const lum = ([r, g, b]) => {
+    const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  const background = (el) => {
+    for (let n = el; n && n.nodeType === 1; n = n.parentElement) {
+      const style = getComputedStyle(n);
+      const c = rgb(style.backgroundColor);
+      if (style.backgroundColor !== "transparent" && (c.length < 4 || c[3] > 0.5)) return c;
+      if (style.backgroundImage.includes("gradient")) {
+        const g = style.backgroundImage.match(/rgba?\([^)]*\)/);
+        if (g) return rgb(g[0]);
+      }
+    }
+    return [255, 255, 255];
+  };
+  const bad = [];
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let t = walker.nextNode(); t; t = walker.nextNode()) {
+    const text = t.textContent.trim();
+    const el = t.parentElement;
+    if (!text || !el || el.closest("script, style, title, [hidden], .sr-only, details:not([open]) > table")) continue;
+    const rect = el.getBoundingClientRect();
+    if (rect.width === 0 || rect.height === 0) continue;
+    const style = getComputedStyle(el);
+    const svgText = el instanceof SVGElement;
+    const fg = rgb(svgText ? style.fill : style.color);
+    const bg = svgText ? [255, 255, 255] : background(el);
+    const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+    const ratio = (a + 0.05) / (b + 0.05);
+    if (ratio < 4.5) bad.push(text.slice(0, 40) + ": " + ratio.toFixed(2));
+  }
+  return bad;
+"#;
+
+/// Tabs through the page from the top, returning a label of each focused control and
+/// whether it showed a focus outline.
+async fn tab_through(client: &Client, presses: usize) -> Vec<(String, bool)> {
+    js(client, "document.activeElement && document.activeElement.blur(); window.scrollTo(0, 0); return null;").await;
+    let mut seen = Vec::new();
+    for _ in 0..presses {
+        client
+            .active_element()
+            .await
+            .expect("the focused element")
+            .send_keys("\u{E004}")
+            .await
+            .expect("Tab");
+        let focused = js(
+            client,
+            "const a = document.activeElement; const s = getComputedStyle(a); \
+             if (a === document.body) return ['(page)', true]; \
+             return [a.id || a.getAttribute('aria-label') || a.textContent.trim().slice(0, 40), \
+                     s.outlineStyle !== 'none' && parseFloat(s.outlineWidth) >= 2];",
+        )
+        .await;
+        seen.push((
+            focused[0].as_str().unwrap_or("").to_string(),
+            focused[1].as_bool().unwrap_or(false),
+        ));
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn charts_render_a_burst_and_the_due_histogram() {
+    let _turn = BROWSER_TURN.lock().await;
+    let store = common::test_store().await;
+    let topic = Topic::new("charts").unwrap();
+    let mut hour = Vec::new();
+    for (id, delay) in [
+        ("soon-1", 3 * 60_000),
+        ("soon-2", 3 * 60_000 + 5_000),
+        ("mid", 20 * 60_000),
+        ("late", 50 * 60_000),
+    ] {
+        hour.push(put(&store, &topic, id, Due::Delay(delay)).await);
+    }
+    let evening = put(&store, &topic, "evening", Due::Delay(5 * 3_600_000)).await;
+    put(&store, &topic, "next-week", Due::Delay(7 * 86_400_000)).await;
+
+    let site = Site::start(&store, Config::default()).await;
+    let driver = Driver::start();
+    let client = driver.browser().await;
+    client.goto(&format!("{}/", site.base)).await.unwrap();
+    wait_for(&client, "#live.on").await;
+    click(&client, "#topics tr[data-topic='charts'] button").await;
+
+    // The next hour: 60 one-minute bars, each with exactly the jobs due in it.
+    assert_eq!(check_bars(&client, 60, &hour).await, 4);
+    let summary = text_of(&client, "#due-summary").await;
+    assert!(
+        summary.starts_with("4 jobs due in the next hour in charts, 2 later"),
+        "{summary}"
+    );
+    let label = js(
+        &client,
+        "return document.querySelector('#due-chart title').textContent;",
+    )
+    .await;
+    assert_eq!(
+        label.as_str(),
+        Some(summary.as_str()),
+        "the chart's text equivalent"
+    );
+    // The next day: 48 half-hour bars; the evening job joins, next week's stays later.
+    click(&client, "#range-day").await;
+    let mut day = hour.clone();
+    day.push(evening);
+    assert_eq!(check_bars(&client, 48, &day).await, 5);
+    assert_eq!(
+        text_of(&client, "#range-day").await,
+        "Next day",
+        "the pressed range button"
+    );
+    let pressed = js(
+        &client,
+        "return document.querySelector('#range-day').getAttribute('aria-pressed');",
+    )
+    .await;
+    assert_eq!(pressed, "true");
+
+    // A burst: 20 puts through the REST API (command events from the real handler) and
+    // 30 dispatches with lateness 1..=30 ms.
+    let http = reqwest::Client::new();
+    for i in 0..20 {
+        let response = http
+            .put(format!(
+                "{}/v1/topics/burst/jobs/b-{i}?delay_ms=7200000",
+                site.base
+            ))
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 201);
+    }
+    let now = store.server_time().await.unwrap();
+    for i in 1..=30 {
+        site.state.feed.send(Event::Dispatched {
+            topic: "charts".into(),
+            id: format!("d-{i}"),
+            due_at: now - i,
+            attempt: 1,
+            at: now,
+            lateness_ms: i,
+        });
+    }
+    // Rates are per 5 s bin: the sum of a series' points times 5 is its event count.
+    let (points, sum) = eventually("30 dispatches charted", || async {
+        let (points, sum) = series(&client, "rate-chart", "dispatched").await;
+        if (sum * 5.0 - 30.0).abs() < 0.01 {
+            Ok((points, sum))
+        } else {
+            Err(format!("dispatched sum {sum}"))
+        }
+    })
+    .await;
+    assert_eq!(points, 60, "one point per 5 s over 5 minutes ({sum})");
+    eventually("20 commands charted", || async {
+        let (_, sum) = series(&client, "rate-chart", "commands").await;
+        if (sum * 5.0 - 20.0).abs() < 0.01 {
+            Ok(())
+        } else {
+            Err(format!("commands sum {sum}"))
+        }
+    })
+    .await;
+    let (p50_points, _) = series(&client, "late-chart", "p50").await;
+    let (p99_points, p99_sum) = series(&client, "late-chart", "p99").await;
+    assert!(
+        (1..=2).contains(&p50_points),
+        "lateness only where dispatches were: {p50_points}"
+    );
+    assert!((1..=2).contains(&p99_points) && p99_sum > 0.0);
+    eventually("lateness summary", || async {
+        let text = text_of(&client, "#late-summary").await;
+        if text.contains("Last 5 minutes: p50 15 ms, p99 30 ms, max 30 ms over 30 dispatches.") {
+            Ok(())
+        } else {
+            Err(text)
+        }
+    })
+    .await;
+    let rates = text_of(&client, "#rate-summary").await;
+    assert!(
+        rates.contains("30 in 5 min") && rates.contains("20 in 5 min"),
+        "{rates}"
+    );
+    let label = js(
+        &client,
+        "return document.querySelector('#rate-chart title').textContent;",
+    )
+    .await;
+    assert_eq!(label.as_str(), Some(rates.as_str()));
+
+    screenshot(&client, "dashboard-charts").await;
+    client.close().await.expect("close the browser");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_resume_parked_failing_redrive_and_history() {
+    let _turn = BROWSER_TURN.lock().await;
+    let store = common::test_store().await;
+    let topic = Topic::new("ops").unwrap();
+    put(&store, &topic, "waiting", Due::Delay(600_000)).await;
+    store
+        .put_recurring(
+            PutRequest {
+                topic: topic.clone(),
+                id: JobId::new("digest").unwrap(),
+                body: b"digest".to_vec(),
+                meta: Vec::new(),
+                due: Due::Delay(1_200_000),
+                mode: PutMode::Keep,
+            },
+            ScheduleSpec::every(900_000),
+        )
+        .await
+        .unwrap();
+    fail(
+        &store,
+        &topic,
+        "stuck-1",
+        "unroutable: NO_ROUTE",
+        1,
+        Duration::ZERO,
+    )
+    .await;
+    fail(&store, &topic, "stuck-2", "nack", 1, Duration::ZERO).await;
+    fail(
+        &store,
+        &topic,
+        "flaky",
+        "channel error: 504",
+        0,
+        Duration::from_secs(3600),
+    )
+    .await;
+
+    let site = Site::start(&store, Config::default()).await;
+    let driver = Driver::start();
+    let client = driver.browser().await;
+    client.goto(&format!("{}/", site.base)).await.unwrap();
+    wait_for(&client, "#live.on").await;
+    click(&client, "#topics tr[data-topic='ops'] button").await;
+
+    // Parked and failing jobs stand out, with their error text.
+    wait_for(
+        &client,
+        "#parked tr[data-id='stuck-1'][data-state='parked']",
+    )
+    .await;
+    let row = text_of(&client, "#parked tr[data-id='stuck-1']").await;
+    assert!(
+        row.contains("unroutable: NO_ROUTE") && row.contains("PARKED"),
+        "{row}"
+    );
+    wait_for(&client, "#jobs tr.failing[data-id='flaky']").await;
+    let series = text_of(&client, "#jobs tr[data-id='digest'] .badge.series").await;
+    assert_eq!(series, "every 15m", "a recurring job shows its schedule");
+    let row = text_of(&client, "#jobs tr[data-id='flaky']").await;
+    assert!(row.contains("failing: channel error: 504"), "{row}");
+    assert!(client
+        .find_all(Locator::Css("#jobs tr.failing[data-id='waiting']"))
+        .await
+        .unwrap()
+        .is_empty());
+    let counts = text_of(&client, "#topics tr[data-topic='ops']").await;
+    assert_eq!(
+        counts.split_whitespace().collect::<Vec<_>>(),
+        ["ops", "3", "0", "0", "2", "3", "RUNNING"],
+        "scheduled (waiting, digest, flaky), due, reserved, parked, failing, state"
+    );
+    wait_for(&client, "#topics tr[data-topic='ops'] td.warn").await;
+    wait_for(&client, "#topics tr[data-topic='ops'] td.bad").await;
+    wait_for(
+        &client,
+        "#history li[data-outcome='parked'][data-id='stuck-2']",
+    )
+    .await;
+
+    // Accessible: enough contrast everywhere (badges, error texts, axes), and every
+    // control reachable by keyboard with a visible focus outline.
+    let low = js(&client, CONTRAST_CHECK).await;
+    assert_eq!(low, json!([]), "text below 4.5:1 contrast");
+    let order = tab_through(&client, 40).await;
+    let labels: Vec<&str> = order.iter().map(|(label, _)| label.as_str()).collect();
+    for wanted in [
+        "token",
+        "Show topic ops",
+        "pause",
+        "range-day",
+        "Re-drive job stuck-1",
+        "Cancel job flaky",
+    ] {
+        assert!(
+            labels.contains(&wanted),
+            "{wanted} not reached by Tab: {labels:?}"
+        );
+    }
+    let unmarked: Vec<&str> = order
+        .iter()
+        .filter(|(_, outline)| !outline)
+        .map(|(label, _)| label.as_str())
+        .collect();
+    assert!(
+        unmarked.is_empty(),
+        "focus without a visible outline: {unmarked:?}"
+    );
+
+    // Pause: the state flips in Redis, the page says so.
+    click(&client, "#pause").await;
+    eventually("paused in Redis", || async {
+        match store.is_paused(&topic).await.unwrap() {
+            true => Ok(()),
+            false => Err("not paused".to_string()),
+        }
+    })
+    .await;
+    wait_for(&client, "#topics tr[data-topic='ops'][data-paused='true']").await;
+    wait_for(&client, "#topic-state.paused").await;
+    let low = js(&client, CONTRAST_CHECK).await;
+    assert_eq!(low, json!([]), "text below 4.5:1 contrast while paused");
+    let status = text_of(&client, "#status").await;
+    assert!(status.starts_with("paused ops"), "{status}");
+    screenshot(&client, "dashboard-paused").await;
+
+    // Resume.
+    click(&client, "#resume").await;
+    eventually("resumed in Redis", || async {
+        match store.is_paused(&topic).await.unwrap() {
+            false => Ok(()),
+            true => Err("still paused".to_string()),
+        }
+    })
+    .await;
+    wait_gone(&client, "#topics tr[data-topic='ops'][data-paused='true']").await;
+    wait_for(&client, "#pause:not([hidden])").await;
+
+    // Re-drive one parked job, then the rest of the topic.
+    click(&client, "#parked tr[data-id='stuck-1'] button.redrive").await;
+    wait_gone(&client, "#parked tr[data-id='stuck-1']").await;
+    let job = store
+        .get(&topic, &JobId::new("stuck-1").unwrap())
+        .await
+        .unwrap()
+        .expect("kept");
+    assert_ne!(job.state, JobState::Parked);
+    wait_for(
+        &client,
+        "#history li[data-outcome='re-driven'][data-id='stuck-1']",
+    )
+    .await;
+    let redrive_all = text_of(&client, "#redrive-all").await;
+    assert_eq!(redrive_all, "Re-drive all parked (1)");
+    click(&client, "#redrive-all").await;
+    wait_gone(&client, "#parked tr").await;
+    assert_eq!(store.stats(&topic).await.unwrap().parked, 0);
+    wait_for(&client, "#redrive-all[hidden]").await;
+    wait_for(
+        &client,
+        "#history li[data-outcome='re-driven'][data-id='stuck-2']",
+    )
+    .await;
+
+    client.close().await.expect("close the browser");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_configured_the_page_needs_one_and_a_read_token_only_reads() {
+    let _turn = BROWSER_TURN.lock().await;
+    let store = common::test_store().await;
+    let topic = Topic::new("guarded").unwrap();
+    put(&store, &topic, "secret-job", Due::Delay(900_000)).await;
+    let mut config = Config::default();
+    config.http.token = "write-token".into();
+    config.http.read_token = "read-token".into();
+    let site = Site::start(&store, config).await;
+    let driver = Driver::start();
+    let client = driver.browser().await;
+    client.goto(&format!("{}/", site.base)).await.unwrap();
+
+    // Without a token: nothing shown, the page says why.
+    wait_for(&client, "#live.denied").await;
+    eventually("a status asking for a token", || async {
+        let status = text_of(&client, "#status").await;
+        if status.contains("shows job data: send Authorization: Bearer") {
+            Ok(())
+        } else {
+            Err(status)
+        }
+    })
+    .await;
+    assert!(client
+        .find_all(Locator::Css("#topics tr"))
+        .await
+        .unwrap()
+        .is_empty());
+
+    // The read token: data and the live feed, but no changes.
+    fill(&client, "#token", "read-token").await;
+    click(&client, "h1").await;
+    wait_for(&client, "#live.on").await;
+    wait_for(&client, "#jobs tr[data-id='secret-job']").await;
+    wait_for(&client, "#due-chart rect.bar[data-count='1']").await;
+    click(&client, "#pause").await;
+    eventually("a refusal", || async {
+        let status = text_of(&client, "#status").await;
+        if status.contains("this token may only read") {
+            Ok(())
+        } else {
+            Err(status)
+        }
+    })
+    .await;
+    assert!(!store.is_paused(&topic).await.unwrap());
+    wait_for(&client, "#status.error").await;
+    screenshot(&client, "dashboard-read-token").await;
+
+    // The full token: the same button pauses.
+    fill(&client, "#token", "write-token").await;
+    click(&client, "h1").await;
+    click(&client, "#pause").await;
+    eventually("paused with the full token", || async {
+        match store.is_paused(&topic).await.unwrap() {
+            true => Ok(()),
+            false => Err(text_of(&client, "#status").await),
+        }
+    })
+    .await;
+    wait_for(&client, "#live.on").await;
+
+    client.close().await.expect("close the browser");
 }

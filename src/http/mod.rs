@@ -9,6 +9,7 @@
 
 mod api;
 mod auth;
+mod charts;
 mod compat;
 mod error;
 mod features;
@@ -60,6 +61,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/events", get(ops::events))
         .route("/v1/topics", get(api::topics))
         .route("/v1/topics/{topic}/jobs", get(api::list_jobs))
+        .route(
+            "/v1/topics/{topic}/due-histogram",
+            get(charts::due_histogram),
+        )
         .route(
             "/v1/topics/{topic}/jobs/{id}",
             get(api::get_job).put(api::put_job).delete(api::delete_job),

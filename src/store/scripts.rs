@@ -34,8 +34,22 @@ macro_rules! scripts {
 }
 
 scripts!(
-    put, delete, reserve, pull, release, retry, requeue, get, stats, list, check, pause, resume,
-    redrive, history,
+    put,
+    delete,
+    reserve,
+    pull,
+    release,
+    retry,
+    requeue,
+    get,
+    stats,
+    list,
+    check,
+    pause,
+    resume,
+    redrive,
+    history,
+    due_histogram,
 );
 
 impl Scripts {

@@ -1,0 +1,173 @@
+--[[ redisched due_histogram: how many waiting jobs of a topic fall due in each slice
+of the coming window (for charts: "what is due in the next hour / day").
+
+KEYS: the full list of 8 (see put.lua); only 1 scheduled is read.
+ARGV:
+  1 window_ms  1..10^12: the window after the server's now that the buckets cover
+  2 buckets    1..1000: how many equal slices (edges rounded down to whole ms)
+Reply: { now, due_now, later, count_1, ..., count_buckets }
+  now       the server's clock (epoch ms) the window starts at
+  due_now   waiting jobs due at or before now (the backlog)
+  count_i   jobs due in (now + floor(window_ms * (i-1) / buckets),
+            now + floor(window_ms * i / buckets)]
+  later     jobs due after now + window_ms (parked jobs not included)
+Errors: INVALID_ARGUMENT (not 8 keys, window_ms, buckets), WRONGTYPE (from Redis).
+Invariant: reads only. Parked jobs (score 10^17) are in no count, so
+due_now + count_1 + ... + count_buckets + later = the `scheduled` of stats.lua.
+Cost: buckets + 2 ZCOUNTs, each O(log n) in the topic's scheduled jobs.
+]]
+local scheduled = KEYS[1]
+-- >>> shared: copied verbatim from lua/shared.lua by lua/sync-shared.sh (a test checks it) >>>
+-- Helpers every script carries, so that each file stays one self-contained EVAL script
+-- (see "Redis Functions or EVALSHA" in lua/README.md). Unused ones cost nothing.
+
+-- Parked jobs wait in `scheduled` at this score: above any due time a script accepts
+-- (16 digits at most), so "due up to now" never reaches them.
+local PARKED = 1e17
+local PARKED_S = '100000000000000000'
+local DEFAULT_HISTORY_MAX = 1000
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- The Redis server's clock in epoch ms: the one clock every due time refers to.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- An integer argument of at most 16 characters (optionally negative), else nil.
+local function int_arg(value)
+  if type(value) == 'string' and #value <= 16 and string.match(value, '^%-?%d+$') then
+    return tonumber(value)
+  end
+end
+
+-- The full key list (lua/README.md, "Key schema"): 1 scheduled, 2 reserved, 3 jobs,
+-- 4 seq, 5 damaged, 6 paused, 7 history, 8 failing. Version-1 callers pass the first
+-- four (check.lua: five) and get the version-1 behaviour. Returns true for the full
+-- list, false for the short one, else nil and the error reply to return.
+local function full_keys(name, short)
+  if #KEYS == 8 then
+    return true
+  end
+  if short and #KEYS == short then
+    return false
+  end
+  return nil, redis.error_reply('INVALID_ARGUMENT ' .. name .. ' takes ' ..
+    (short and (short .. ' or ') or '') .. '8 keys, got ' .. #KEYS)
+end
+
+-- A job record of format 1 or 2 as a table, or nil if it is missing or unreadable:
+--   1|<due_at>|<attempts>|<token>|<meta length>|<meta><body>
+--   2|<due_at>|<attempts>|<token>|<failures>|<error_at>|<spec length>|<error length>|<meta length>|<spec><error><meta><body>
+-- The payload is not copied out (bodies may be large): `rec` and `pos` locate
+-- <meta><body>, `mlen` is the meta length; `token` stays a string.
+local function parse(rec)
+  if not rec then
+    return nil
+  end
+  local j = {}
+  local pos
+  if string.byte(rec, 1) == 49 then -- '1'
+    local due, attempts, mlen
+    due, attempts, j.token, mlen, pos = string.match(rec, '^1|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    if not pos then
+      return nil
+    end
+    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
+    j.failures, j.error_at, j.spec, j.err = 0, 0, '', ''
+  else
+    local due, attempts, failures, error_at, slen, elen, mlen
+    due, attempts, j.token, failures, error_at, slen, elen, mlen, pos =
+      string.match(rec, '^2|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    if not pos then
+      return nil
+    end
+    slen, elen = tonumber(slen), tonumber(elen)
+    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
+    j.failures, j.error_at = tonumber(failures), tonumber(error_at)
+    j.spec = string.sub(rec, pos, pos + slen - 1)
+    j.err = string.sub(rec, pos + slen, pos + slen + elen - 1)
+    pos = pos + slen + elen
+  end
+  if pos + j.mlen - 1 > #rec then
+    return nil
+  end
+  j.rec, j.pos = rec, pos
+  return j
+end
+
+local function meta_of(j)
+  return string.sub(j.rec, j.pos, j.pos + j.mlen - 1)
+end
+
+local function body_of(j)
+  return string.sub(j.rec, j.pos + j.mlen)
+end
+
+-- <meta><body>: a new job's, or the stored one.
+local function tail_of(j)
+  return j.tail or string.sub(j.rec, j.pos)
+end
+
+-- The record of `j`: format 1 unless the job has a schedule spec or a failure on record,
+-- so a one-shot job keeps exactly the bytes it had before format 2 existed.
+local function encode(j)
+  if j.spec == '' and j.failures == 0 and j.err == '' then
+    return '1|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.mlen) .. '|' .. tail_of(j)
+  end
+  return '2|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.failures) .. '|' ..
+    fmt(j.error_at) .. '|' .. #j.spec .. '|' .. #j.err .. '|' .. fmt(j.mlen) .. '|' .. j.spec .. j.err .. tail_of(j)
+end
+
+-- `history_max` argument: absent or '' means the default; else an integer 0..10^6.
+-- Returns nil and the error reply to return when it is neither.
+local function history_max_arg(value)
+  if value == nil or value == '' then
+    return DEFAULT_HISTORY_MAX
+  end
+  local n = int_arg(value)
+  if not n or n < 0 or n > 1000000 then
+    return nil, redis.error_reply('INVALID_ARGUMENT history_max must be an integer 0..1000000, got ' .. value)
+  end
+  return n
+end
+
+-- One history entry: '<at>|<outcome>|<attempts>|<due_at>|<id length>|<id><detail>'.
+local function history_entry(at, outcome, attempts, due, id, detail)
+  return fmt(at) .. '|' .. outcome .. '|' .. fmt(attempts) .. '|' .. fmt(due) .. '|' .. #id .. '|' .. id .. (detail or '')
+end
+
+-- Appends entries (oldest first) to the topic's capped history list, newest at the head.
+local function history_push(key, max, entries)
+  if key and max > 0 and #entries > 0 then
+    redis.call('LPUSH', key, unpack(entries))
+    redis.call('LTRIM', key, 0, max - 1)
+  end
+end
+-- <<< shared <<<
+local _, bad_keys = full_keys('due_histogram')
+if bad_keys then
+  return bad_keys
+end
+local window, buckets = int_arg(ARGV[1]), int_arg(ARGV[2])
+if not window or window < 1 or window > 1000000000000 then
+  return redis.error_reply('INVALID_ARGUMENT window_ms must be an integer 1..1000000000000, got ' ..
+    tostring(ARGV[1]))
+end
+if not buckets or buckets < 1 or buckets > 1000 then
+  return redis.error_reply('INVALID_ARGUMENT buckets must be an integer 1..1000, got ' .. tostring(ARGV[2]))
+end
+local now = now_ms()
+-- window * buckets <= 10^15 < 2^53: every edge is an exact integer in a Lua number.
+local reply = { now, redis.call('ZCOUNT', scheduled, '-inf', fmt(now)), 0 }
+local low = now
+for i = 1, buckets do
+  local high = now + math.floor(window * i / buckets)
+  reply[#reply + 1] = redis.call('ZCOUNT', scheduled, '(' .. fmt(low), fmt(high))
+  low = high
+end
+reply[3] = redis.call('ZCOUNT', scheduled, '(' .. fmt(low), '(' .. PARKED_S)
+return reply
