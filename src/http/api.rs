@@ -1,16 +1,19 @@
-//! The REST API over the store (`/v1/topics/…`) and the original project's interface
-//! (`POST /schedule/{topic}`, `POST /cancel/{topic}`).
+//! The REST API over the store (`/v1/topics/…`) and the OpenAPI document that describes
+//! it. Every query value is parsed exactly as `openapi.json` states it (an empty value
+//! is refused like any other value outside the schema), so that the document and the
+//! server agree; `tests/openapi.rs` checks them against each other.
 
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::error::PathParams;
 use super::{ApiError, AppState};
 use crate::feed::Event;
 use crate::job::{Due, DueError, JobId, PutMode, Topic};
@@ -20,6 +23,10 @@ use crate::view::{DeleteView, JobView, ListView, PutView, TopicsView};
 
 /// Jobs listed when `limit` is not given.
 const DEFAULT_LIST_LIMIT: usize = 50;
+/// Largest `offset` of a listing (`lua/list.lua` refuses more; so does the document).
+const MAX_LIST_OFFSET: u64 = 1_000_000_000_000;
+/// Longest epoch-ms `at`: 16 digits, [`crate::job::MAX_TIME_MS`]'s width.
+const MAX_AT_DIGITS: usize = 16;
 
 // ---------------------------------------------------------------------------------
 // Reads
@@ -40,28 +47,30 @@ pub struct ListQuery {
 /// `GET /v1/topics/{topic}/jobs?limit=&offset=`: the next scheduled jobs, earliest first.
 pub async fn list_jobs(
     State(state): State<AppState>,
-    Path(topic): Path<String>,
+    PathParams(topic): PathParams<String>,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<ListView>, ApiError> {
     let topic = parse_topic(&topic)?;
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let limit = match query.limit.as_deref() {
-        None | Some("") => DEFAULT_LIST_LIMIT,
-        Some(raw) => raw
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=MAX_BATCH).contains(n))
+        None => DEFAULT_LIST_LIMIT,
+        Some(raw) => parse_count(raw)
+            .filter(|n| (1..=MAX_BATCH as u64).contains(n))
             .ok_or_else(|| {
-                ApiError::bad_request(format!("limit must be 1..={MAX_BATCH}, got {raw:?}"))
-            })?,
+                ApiError::bad_request(format!(
+                    "limit must be an integer 1..={MAX_BATCH}, got {raw:?}"
+                ))
+            })? as usize,
     };
     let offset = match query.offset.as_deref() {
-        None | Some("") => 0,
-        Some(raw) => raw.parse::<usize>().map_err(|_| {
-            ApiError::bad_request(format!(
-                "offset must be a non-negative integer, got {raw:?}"
-            ))
-        })?,
+        None => 0,
+        Some(raw) => parse_count(raw)
+            .filter(|n| *n <= MAX_LIST_OFFSET)
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "offset must be an integer 0..={MAX_LIST_OFFSET}, got {raw:?}"
+                ))
+            })? as usize,
     };
     let which = super::features::list_which(query.state.as_deref())?;
     let jobs = state.store.list_jobs(&topic, which, limit, offset).await?;
@@ -72,7 +81,7 @@ pub async fn list_jobs(
 /// `GET /v1/topics/{topic}/jobs/{id}`.
 pub async fn get_job(
     State(state): State<AppState>,
-    Path((topic, id)): Path<(String, String)>,
+    PathParams((topic, id)): PathParams<(String, String)>,
 ) -> Result<Json<JobView>, ApiError> {
     let topic = parse_topic(&topic)?;
     let id = parse_id(&id)?;
@@ -100,7 +109,7 @@ pub struct PutQuery {
 /// `every=` or `cron=` (+ `tz=`) make it recurring (`super::features::recurrence`).
 pub async fn put_job(
     State(state): State<AppState>,
-    Path((topic, id)): Path<(String, String)>,
+    PathParams((topic, id)): PathParams<(String, String)>,
     query: Result<Query<PutQuery>, QueryRejection>,
     body: Body,
 ) -> Response {
@@ -140,86 +149,13 @@ pub async fn put_job(
 /// `DELETE /v1/topics/{topic}/jobs/{id}`: 404 when there is no such job.
 pub async fn delete_job(
     State(state): State<AppState>,
-    Path((topic, id)): Path<(String, String)>,
+    PathParams((topic, id)): PathParams<(String, String)>,
 ) -> Response {
     let result = delete(&state, &topic, &id).await;
     finish_delete(&state, &topic, &id, result)
 }
 
-/// The original project's schedule request. `delay` is in seconds (fractions allowed);
-/// `contents` is stored as UTF-8 text (a JSON value other than a string is stored as
-/// its JSON text).
-#[derive(Debug, Deserialize)]
-pub struct CompatSchedule {
-    id: Value,
-    #[serde(default)]
-    contents: Value,
-    #[serde(default)]
-    delay: Value,
-    #[serde(default)]
-    replace: bool,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct CompatCancel {
-    id: Value,
-}
-
-/// `POST /schedule/{topic}` with `{"id", "contents", "delay"}`.
-pub async fn compat_schedule(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    Path(topic): Path<String>,
-    body: Body,
-) -> Response {
-    // JSON escaping can make a body of max_body_bytes up to six times longer.
-    let limit = state
-        .store
-        .limits()
-        .max_body_bytes
-        .saturating_mul(6)
-        .saturating_add(64 * 1024);
-    let request = match read_json::<CompatSchedule>(body, limit, &headers).await {
-        Ok(request) => request,
-        Err(err) => return finish_put(&state, &topic, "", PutMode::Keep, Err(err)),
-    };
-    let id = id_text(&request.id);
-    let mode = if request.replace {
-        PutMode::Replace
-    } else {
-        PutMode::Keep
-    };
-    let result = async {
-        let topic = parse_topic(&topic)?;
-        let id = parse_id(&id)?;
-        let due = compat_delay(&request.delay)?;
-        let body = match request.contents {
-            Value::Null => Vec::new(),
-            Value::String(text) => text.into_bytes(),
-            other => other.to_string().into_bytes(),
-        };
-        put(&state, topic, id, body, due, mode).await
-    }
-    .await;
-    finish_put(&state, &topic, &id, mode, result)
-}
-
-/// `POST /cancel/{topic}` with `{"id"}`: 404 when there is no such job.
-pub async fn compat_cancel(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    Path(topic): Path<String>,
-    body: Body,
-) -> Response {
-    let id = match read_json::<CompatCancel>(body, 64 * 1024, &headers).await {
-        Ok(request) => id_text(&request.id),
-        Err(err) => return finish_delete(&state, &topic, "", Err(err)),
-    };
-    let result = delete(&state, &topic, &id).await;
-    finish_delete(&state, &topic, &id, result)
-}
-
-async fn put(
+pub(super) async fn put(
     state: &AppState,
     topic: Topic,
     id: JobId,
@@ -239,7 +175,7 @@ async fn put(
     Ok((state.store.put(request).await?, body_bytes))
 }
 
-async fn delete(state: &AppState, topic: &str, id: &str) -> Result<(), ApiError> {
+pub(super) async fn delete(state: &AppState, topic: &str, id: &str) -> Result<(), ApiError> {
     let topic = parse_topic(topic)?;
     let id = parse_id(id)?;
     if state.store.delete(&topic, &id).await? {
@@ -250,7 +186,7 @@ async fn delete(state: &AppState, topic: &str, id: &str) -> Result<(), ApiError>
 }
 
 /// Counts the command, tells the feed, and answers: 201 for a new job, 200 otherwise.
-fn finish_put(
+pub(super) fn finish_put(
     state: &AppState,
     topic: &str,
     id: &str,
@@ -278,7 +214,7 @@ fn finish_put(
     }
 }
 
-fn finish_delete(
+pub(super) fn finish_delete(
     state: &AppState,
     topic: &str,
     id: &str,
@@ -329,7 +265,7 @@ fn not_found(topic: &Topic, id: &JobId) -> ApiError {
 
 fn put_mode(query: &PutQuery) -> Result<PutMode, ApiError> {
     let mut mode = match query.mode.as_deref() {
-        None | Some("") | Some("put") | Some("keep") => PutMode::Keep,
+        None | Some("put") => PutMode::Keep,
         Some("replace") => PutMode::Replace,
         Some(other) => {
             return Err(ApiError::bad_request(format!(
@@ -338,51 +274,60 @@ fn put_mode(query: &PutQuery) -> Result<PutMode, ApiError> {
         }
     };
     match query.replace.as_deref() {
-        None | Some("") | Some("false") | Some("0") => {}
+        None | Some("false") | Some("0") => {}
         Some("true") | Some("1") => mode = PutMode::Replace,
         Some(other) => {
             return Err(ApiError::bad_request(format!(
-                "replace must be true or false, got {other:?}"
+                "replace must be true, false, 1 or 0, got {other:?}"
             )))
         }
     }
     Ok(mode)
 }
 
-/// `delay_ms` (milliseconds from now) or `at` (epoch ms, or RFC 3339); neither = now.
+/// `delay_ms` (milliseconds from now: an optional `-` and digits) or `at` (epoch ms as
+/// digits, or RFC 3339 `YYYY-MM-DDThh:mm:ss[.fff][Z]`); neither = now.
 fn parse_due(delay_ms: Option<&str>, at: Option<&str>) -> Result<Due, ApiError> {
-    match (
-        delay_ms.filter(|s| !s.is_empty()),
-        at.filter(|s| !s.is_empty()),
-    ) {
+    match (delay_ms, at) {
         (Some(_), Some(_)) => Err(ApiError::bad_request("give delay_ms or at, not both")),
         (Some(raw), None) => {
-            let raw = raw.trim();
-            // Digits only, of any length: a 20-digit delay is out of range, not "not a
-            // number".
-            let ms = raw
-                .strip_prefix('-')
-                .unwrap_or(raw)
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-                .then(|| raw.parse::<i128>().unwrap_or(i128::MAX))
-                .filter(|_| !raw.is_empty() && raw != "-")
-                .ok_or_else(|| {
-                    ApiError::bad_request(format!(
-                        "delay_ms must be an integer number of milliseconds, got {raw:?}"
-                    ))
-                })?;
+            let digits = raw.strip_prefix('-').unwrap_or(raw);
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(ApiError::bad_request(format!(
+                    "delay_ms must be an integer number of milliseconds, got {raw:?}"
+                )));
+            }
+            // Digits of any length: a 20-digit delay is out of range, not "not a number".
+            let ms = raw.parse::<i128>().unwrap_or(if raw.starts_with('-') {
+                i128::MIN
+            } else {
+                i128::MAX
+            });
             Ok(Due::delay("delay_ms", raw, ms)?)
         }
         (None, Some(raw)) => {
-            let raw = raw.trim();
-            if let Ok(ms) = raw.parse::<i128>() {
+            let unsigned = raw.strip_prefix('-').unwrap_or(raw);
+            if !unsigned.is_empty() && unsigned.bytes().all(|b| b.is_ascii_digit()) {
+                // The document allows 1 to 16 digits: more is out of range even with
+                // leading zeros, and any sign is before 1970.
+                let ms = match raw.parse::<i128>() {
+                    _ if raw.starts_with('-') => -1,
+                    Ok(ms) if raw.len() <= MAX_AT_DIGITS => ms,
+                    _ => i128::MAX,
+                };
                 return Ok(Due::at("at", raw, ms)?);
             }
+            let not_a_time = |detail: &str| {
+                ApiError::bad_request(format!(
+                    "at must be epoch milliseconds (up to {MAX_AT_DIGITS} digits) or RFC 3339 \
+                     (2030-01-01T09:00:00Z), got {raw:?}{detail}"
+                ))
+            };
+            if !is_rfc3339_shape(raw) {
+                return Err(not_a_time(""));
+            }
             match Due::at_rfc3339("at", raw) {
-                Err(DueError::NotATime { detail, .. }) => Err(ApiError::bad_request(format!(
-                    "at must be epoch milliseconds or RFC 3339 (2030-01-01T09:00:00Z), got {raw:?}: {detail}"
-                ))),
+                Err(DueError::NotATime { detail, .. }) => Err(not_a_time(&format!(": {detail}"))),
                 due => Ok(due?),
             }
         }
@@ -390,34 +335,93 @@ fn parse_due(delay_ms: Option<&str>, at: Option<&str>) -> Result<Due, ApiError> 
     }
 }
 
-/// The compatibility layer's `delay`: seconds, fractions allowed, a number or a
-/// numeric string; absent or null = now.
-fn compat_delay(delay: &Value) -> Result<Due, ApiError> {
-    let seconds = match delay {
-        Value::Null => return Ok(Due::NOW),
-        Value::Number(n) => n.as_f64(),
-        Value::String(s) => s.trim().parse::<f64>().ok(),
-        _ => None,
-    }
-    .filter(|s| s.is_finite())
-    .ok_or_else(|| {
-        ApiError::bad_request(format!("delay must be a number of seconds, got {delay}"))
-    })?;
-    // `as` saturates; Due::delay refuses what saturated.
-    let ms = (seconds * 1000.0).round() as i128;
-    Ok(Due::delay("delay", format!("{delay} s"), ms)?)
+/// `YYYY-MM-DDThh:mm:ss`, optional `.` and 1 to 9 fraction digits, optional `Z`, with
+/// months 01-12, days 01-31 (29 and 30 not in February, 31 only in long months), hours
+/// 00-23, minutes and seconds 00-59: the shape the document's pattern for `at` states
+/// (it also requires a year from 1970 on, which [`Due::at_rfc3339`] tells apart).
+fn is_rfc3339_shape(raw: &str) -> bool {
+    let raw = raw.strip_suffix('Z').unwrap_or(raw);
+    let (main, fraction) = match raw.split_once('.') {
+        Some((main, fraction)) => (main, Some(fraction)),
+        None => (raw, None),
+    };
+    let b = main.as_bytes();
+    let number = |range: std::ops::Range<usize>| {
+        main.get(range)
+            .filter(|s| s.bytes().all(|c| c.is_ascii_digit()))
+            .and_then(|s| s.parse::<u32>().ok())
+    };
+    let shape = b.len() == 19
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && b[10] == b'T'
+        && b[13] == b':'
+        && b[16] == b':';
+    let fields = (
+        number(0..4),
+        number(5..7),
+        number(8..10),
+        number(11..13),
+        number(14..16),
+        number(17..19),
+    );
+    let (Some(_), Some(month), Some(day), Some(hour), Some(minute), Some(second)) = fields else {
+        return false;
+    };
+    let last_day = match month {
+        2 => 29,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    shape
+        && (1..=12).contains(&month)
+        && (1..=last_day).contains(&day)
+        && hour < 24
+        && minute < 60
+        && second < 60
+        && fraction
+            .is_none_or(|f| (1..=9).contains(&f.len()) && f.bytes().all(|c| c.is_ascii_digit()))
 }
 
-fn id_text(id: &Value) -> String {
-    match id {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => n.to_string(),
-        _ => String::new(),
+/// A non-negative integer written as ASCII digits only (no sign, no spaces); `None`
+/// for anything else, including the empty string.
+fn parse_count(raw: &str) -> Option<u64> {
+    if raw.is_empty() || !raw.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(raw.parse::<u64>().unwrap_or(u64::MAX))
+}
+
+/// The OpenAPI document as served: `openapi.json` with the maxima that depend on this
+/// server's configuration (`limits.max_delay_ms`, `limits.max_body_bytes`) filled in
+/// where a schema carries `x-redisched-limit`.
+pub(super) fn openapi_document(limits: crate::store::Limits) -> Value {
+    let mut doc: Value = serde_json::from_str(super::OPENAPI_JSON).unwrap_or_default();
+    fill_limits(&mut doc, limits);
+    doc
+}
+
+fn fill_limits(value: &mut Value, limits: crate::store::Limits) {
+    match value {
+        Value::Object(map) => {
+            let maximum = match map.get("x-redisched-limit").and_then(Value::as_str) {
+                Some("max_delay_ms") => Some(serde_json::json!(limits.max_delay_ms)),
+                // `delay` of the original interface is in seconds.
+                Some("max_delay_s") => Some(serde_json::json!(limits.max_delay_ms as f64 / 1000.0)),
+                _ => None,
+            };
+            if let Some(maximum) = maximum {
+                map.insert("maximum".to_string(), maximum);
+            }
+            map.values_mut().for_each(|v| fill_limits(v, limits));
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| fill_limits(v, limits)),
+        _ => {}
     }
 }
 
 /// Reads a body of at most `limit` bytes; 413 past it.
-async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
+pub(super) async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
     let mut stream = body.into_data_stream();
     let mut bytes = Vec::new();
     while let Some(chunk) = stream.next().await {
@@ -431,35 +435,9 @@ async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
     Ok(bytes)
 }
 
-async fn read_json<T: serde::de::DeserializeOwned>(
-    body: Body,
-    limit: usize,
-    headers: &HeaderMap,
-) -> Result<T, ApiError> {
-    if let Some(content_type) = headers.get(header::CONTENT_TYPE) {
-        let json = content_type
-            .to_str()
-            .map(|ct| {
-                ct.trim_start()
-                    .to_ascii_lowercase()
-                    .starts_with("application/json")
-            })
-            .unwrap_or(false);
-        if !json {
-            return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "expected Content-Type: application/json",
-            ));
-        }
-    }
-    let bytes = read_body(body, limit).await?;
-    serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("bad JSON body: {e}")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn due_times_parse_from_query_values() {
@@ -494,11 +472,54 @@ mod tests {
     }
 
     #[test]
-    fn compat_delays_are_seconds() {
-        assert_eq!(compat_delay(&json!(1.5)).ok(), Some(Due::Delay(1500)));
-        assert_eq!(compat_delay(&json!("2")).ok(), Some(Due::Delay(2000)));
-        assert_eq!(compat_delay(&Value::Null).ok(), Some(Due::NOW));
-        assert!(compat_delay(&json!("x")).is_err());
-        assert!(compat_delay(&json!([1])).is_err());
+    fn empty_and_signed_values_are_refused_like_the_schema_says() {
+        assert!(parse_due(Some(""), None).is_err());
+        assert!(parse_due(None, Some("")).is_err());
+        assert!(parse_due(Some(" 5"), None).is_err());
+        assert!(parse_due(Some("+5"), None).is_err());
+        assert!(parse_due(None, Some("+5")).is_err());
+        assert!(parse_due(None, Some("12345678901234567")).is_err());
+        assert_eq!(parse_count("007"), Some(7));
+        for bad in ["", "-1", "+1", " 1", "1.0", "x"] {
+            assert_eq!(parse_count(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn rfc3339_shapes() {
+        for good in [
+            "2030-01-01T09:00:00Z",
+            "2030-01-01T09:00:00",
+            "2030-12-31T23:59:59.123456789Z",
+            "2032-02-29T00:00:00Z",
+            "1969-07-20T20:17:00Z",
+        ] {
+            assert!(is_rfc3339_shape(good), "{good}");
+        }
+        for bad in [
+            "2030-01-01 09:00:00Z",
+            "2030-02-30T00:00:00Z",
+            "2030-04-31T00:00:00Z",
+            "2030-13-01T00:00:00Z",
+            "2030-01-01T24:00:00Z",
+            "2030-01-01T09:00:00.Z",
+            "2030-01-01T09:00:00+02:00",
+            "2030-1-01T09:00:00Z",
+            "tomorrow",
+        ] {
+            assert!(!is_rfc3339_shape(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_served_document_states_the_configured_limits() {
+        let limits = crate::store::Limits {
+            max_delay_ms: 5000,
+            max_body_bytes: 10,
+        };
+        let doc = openapi_document(limits);
+        let text = doc.to_string();
+        assert!(text.contains("\"maximum\":5000,"), "{text}");
+        assert!(text.contains("\"maximum\":5.0,"), "{text}");
     }
 }

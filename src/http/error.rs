@@ -46,6 +46,15 @@ impl ApiError {
         }
     }
 
+    /// A due time further from now than `limits.max_delay_ms`, found before the store
+    /// was asked (same status and code as the store's refusal).
+    pub fn delay_too_long(message: impl Into<String>) -> Self {
+        Self {
+            code: Some(RejectCode::DelayTooLong.as_str()),
+            ..Self::new(StatusCode::UNPROCESSABLE_ENTITY, message)
+        }
+    }
+
     /// The outcome label for `redisched_commands` and the event feed.
     pub fn outcome(&self) -> &'static str {
         match self.status {
@@ -99,5 +108,28 @@ impl IntoResponse for ApiError {
             );
         }
         response
+    }
+}
+
+/// [`axum::extract::Path`] whose rejection (a segment that is not UTF-8 after
+/// percent-decoding, …) is a JSON [`ApiError`] (400) like every other error, not
+/// axum's plain-text answer.
+pub struct PathParams<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for PathParams<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(value)| Self(value))
+            .map_err(|rejection| ApiError::bad_request(rejection.body_text()))
     }
 }

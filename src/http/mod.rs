@@ -10,6 +10,7 @@
 mod api;
 mod auth;
 mod charts;
+mod compat;
 mod error;
 mod features;
 mod ops;
@@ -76,8 +77,8 @@ pub fn router(state: AppState) -> Router {
             post(features::redrive_job),
         )
         .route("/v1/topics/{topic}/history", get(features::history))
-        .route("/schedule/{topic}", post(api::compat_schedule))
-        .route("/cancel/{topic}", post(api::compat_cancel))
+        .route("/schedule/{topic}", post(compat::schedule))
+        .route("/cancel/{topic}", post(compat::cancel))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -125,13 +126,7 @@ async fn dashboard() -> Response {
         .into_response()
 }
 
-async fn openapi() -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        OPENAPI_JSON,
-    )
-        .into_response()
+/// `openapi.json` with this server's configured limits filled in.
+async fn openapi(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    axum::Json(api::openapi_document(state.store.limits())).into_response()
 }
