@@ -237,6 +237,10 @@ async fn bad_query_values_are_refused_in_the_users_terms() {
             "buckets must be an integer 1..=1000, got \"1001\"",
         ),
         ("buckets=2.5", "buckets must be an integer 1..=1000"),
+        (
+            "buckets=%2B5",
+            "buckets must be an integer 1..=1000, got \"+5\"",
+        ),
     ] {
         let (status, body) = get_json(&format!("{base}?{query}"), None).await;
         assert_eq!(status, 400, "{query}: {body}");

@@ -437,6 +437,7 @@ async fn history_over_rest_lists_dispatched_and_deleted_outcomes() {
         "limit=1001",
         "limit=x",
         "limit=",
+        "limit=%2B5",
         "id=a%07b",
         "id=",
     ] {

@@ -385,7 +385,7 @@ fn is_rfc3339_shape(raw: &str) -> bool {
 
 /// A non-negative integer written as ASCII digits only (no sign, no spaces); `None`
 /// for anything else, including the empty string.
-fn parse_count(raw: &str) -> Option<u64> {
+pub(super) fn parse_count(raw: &str) -> Option<u64> {
     if raw.is_empty() || !raw.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }

@@ -2,10 +2,12 @@
 //! `GET /v1/topics/{topic}/due-histogram`, the topic's waiting jobs counted by due time.
 
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use super::api::parse_count;
+use super::error::PathParams;
 use super::{ApiError, AppState};
 use crate::job::Topic;
 use crate::store::{DueHistogram, MAX_HISTOGRAM_BUCKETS, MAX_HISTOGRAM_WINDOW_MS};
@@ -65,7 +67,7 @@ impl HistogramView {
 /// `GET /v1/topics/{topic}/due-histogram?window_ms=&buckets=`.
 pub async fn due_histogram(
     State(state): State<AppState>,
-    Path(topic): Path<String>,
+    PathParams(topic): PathParams<String>,
     query: Result<Query<HistogramQuery>, QueryRejection>,
 ) -> Result<Json<HistogramView>, ApiError> {
     let topic = Topic::new(&topic).map_err(|e| ApiError::bad_request(format!("bad topic: {e}")))?;
@@ -97,8 +99,7 @@ fn bounded(name: &str, raw: Option<&str>, default: u64, max: u64) -> Result<u64,
     let Some(raw) = raw else {
         return Ok(default);
     };
-    raw.parse::<u64>()
-        .ok()
+    parse_count(raw)
         .filter(|n| (1..=max).contains(n))
         .ok_or_else(|| {
             ApiError::bad_request(format!("{name} must be an integer 1..={max}, got {raw:?}"))

@@ -3,12 +3,13 @@
 //! The JSON is the CLI's `--json` (`crate::view`).
 
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 
-use super::api::{parse_id, parse_topic};
+use super::api::{parse_count, parse_id, parse_topic};
+use super::error::PathParams;
 use super::{ApiError, AppState};
 use crate::feed::Event;
 use crate::job::{Due, JobId, PutMode, Topic};
@@ -23,7 +24,7 @@ const DEFAULT_HISTORY_LIMIT: usize = 50;
 /// commands are still applied. A topic without jobs can be paused.
 pub async fn pause(
     State(state): State<AppState>,
-    Path(topic): Path<String>,
+    PathParams(topic): PathParams<String>,
 ) -> Result<Json<PauseView>, ApiError> {
     let topic = parse_topic(&topic)?;
     let changed = state.store.pause(&topic).await?;
@@ -44,7 +45,7 @@ pub async fn pause(
 /// `POST /v1/topics/{topic}/resume`: the topic's due jobs are dispatched again.
 pub async fn resume(
     State(state): State<AppState>,
-    Path(topic): Path<String>,
+    PathParams(topic): PathParams<String>,
 ) -> Result<Json<PauseView>, ApiError> {
     let topic = parse_topic(&topic)?;
     let changed = state.store.resume(&topic).await?;
@@ -66,7 +67,7 @@ pub async fn resume(
 /// 404 when there is no such job, 409 when it is not parked.
 pub async fn redrive_job(
     State(state): State<AppState>,
-    Path((topic, id)): Path<(String, String)>,
+    PathParams((topic, id)): PathParams<(String, String)>,
 ) -> Result<Json<RedriveView>, ApiError> {
     let topic = parse_topic(&topic)?;
     let id = parse_id(&id)?;
@@ -84,7 +85,7 @@ pub async fn redrive_job(
 /// `POST /v1/topics/{topic}/redrive`: every parked job of the topic due now.
 pub async fn redrive_topic(
     State(state): State<AppState>,
-    Path(topic): Path<String>,
+    PathParams(topic): PathParams<String>,
 ) -> Result<Json<RedriveView>, ApiError> {
     let topic = parse_topic(&topic)?;
     let redriven = state.store.redrive_topic(&topic).await?;
@@ -105,7 +106,7 @@ pub struct HistoryQuery {
 /// `GET /v1/topics/{topic}/history?id=&limit=`: the latest outcomes, newest first.
 pub async fn history(
     State(state): State<AppState>,
-    Path(topic): Path<String>,
+    PathParams(topic): PathParams<String>,
     query: Result<Query<HistoryQuery>, QueryRejection>,
 ) -> Result<Json<HistoryView>, ApiError> {
     let topic = parse_topic(&topic)?;
@@ -117,9 +118,8 @@ pub async fn history(
     };
     let limit = match query.limit.as_deref() {
         None => DEFAULT_HISTORY_LIMIT,
-        Some(raw) => raw
-            .parse::<usize>()
-            .ok()
+        Some(raw) => parse_count(raw)
+            .and_then(|n| usize::try_from(n).ok())
             .filter(|n| (1..=MAX_BATCH).contains(n))
             .ok_or_else(|| {
                 ApiError::bad_request(format!("limit must be 1..={MAX_BATCH}, got {raw:?}"))
