@@ -26,7 +26,7 @@ pub enum Event {
     },
 }
 
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Feed {
     sender: broadcast::Sender<Event>,
 }

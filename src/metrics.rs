@@ -170,6 +170,7 @@ impl Format {
     }
 }
 
+#[derive(Debug)]
 pub struct Metrics {
     pub commands: Family<CommandLabels, Counter>,
     pub invalid_commands: Counter,

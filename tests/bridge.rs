@@ -522,7 +522,7 @@ async fn the_bridge_recovers_when_the_broker_cancels_its_consumer() {
                     passive: true,
                     ..Default::default()
                 },
-                lapin::types::FieldTable::default(),
+                FieldTable::default(),
             )
             .await;
         match declared {

@@ -4,6 +4,7 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
+#[derive(Debug)]
 pub struct ServerClock {
     /// A server reading (epoch ms) and the local instant it arrived.
     reading: Mutex<(i64, Instant)>,

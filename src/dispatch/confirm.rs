@@ -50,7 +50,7 @@ pub(crate) struct Confirmer {
 
 impl Confirmer {
     /// Runs until the sender is dropped and every publish sent so far is settled.
-    pub async fn run(self, mut in_flight: mpsc::UnboundedReceiver<InFlight>) {
+    pub(super) async fn run(self, mut in_flight: mpsc::UnboundedReceiver<InFlight>) {
         let mut acked: Vec<Acked> = Vec::new();
         loop {
             let next = if acked.is_empty() {

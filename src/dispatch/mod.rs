@@ -44,7 +44,7 @@ const PAUSED_RECHECK: Duration = Duration::from_secs(5);
 
 /// What the dispatcher knows between AMQP sessions: when each topic is next due,
 /// indexed both ways so a tick costs O(log topics), not a pass over all of them.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Plan {
     next_due: HashMap<Topic, i64>,
     by_due: BTreeSet<(i64, Topic)>,
@@ -120,6 +120,7 @@ impl Plan {
     }
 }
 
+#[derive(Debug)]
 pub struct Dispatcher {
     pub store: Store,
     pub config: Arc<Config>,

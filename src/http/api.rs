@@ -32,20 +32,20 @@ const MAX_AT_DIGITS: usize = 16;
 // Reads
 
 /// `GET /v1/topics`: every known topic with its counts.
-pub async fn topics(State(state): State<AppState>) -> Result<Json<TopicsView>, ApiError> {
+pub(super) async fn topics(State(state): State<AppState>) -> Result<Json<TopicsView>, ApiError> {
     let rows = super::ops::topic_stats(&state).await?;
     Ok(Json(TopicsView::new(&rows)))
 }
 
 #[derive(Debug, Deserialize)]
-pub struct ListQuery {
+pub(super) struct ListQuery {
     limit: Option<String>,
     offset: Option<String>,
     state: Option<String>,
 }
 
 /// `GET /v1/topics/{topic}/jobs?limit=&offset=`: the next scheduled jobs, earliest first.
-pub async fn list_jobs(
+pub(super) async fn list_jobs(
     State(state): State<AppState>,
     PathParams(topic): PathParams<String>,
     query: Result<Query<ListQuery>, QueryRejection>,
@@ -79,7 +79,7 @@ pub async fn list_jobs(
 }
 
 /// `GET /v1/topics/{topic}/jobs/{id}`.
-pub async fn get_job(
+pub(super) async fn get_job(
     State(state): State<AppState>,
     PathParams((topic, id)): PathParams<(String, String)>,
 ) -> Result<Json<JobView>, ApiError> {
@@ -95,7 +95,7 @@ pub async fn get_job(
 // Mutations
 
 #[derive(Debug, Deserialize)]
-pub struct PutQuery {
+pub(super) struct PutQuery {
     delay_ms: Option<String>,
     at: Option<String>,
     mode: Option<String>,
@@ -107,7 +107,7 @@ pub struct PutQuery {
 
 /// `PUT /v1/topics/{topic}/jobs/{id}?delay_ms=|at=&mode=replace`: the raw body is the job;
 /// `every=` or `cron=` (+ `tz=`) make it recurring (`super::features::recurrence`).
-pub async fn put_job(
+pub(super) async fn put_job(
     State(state): State<AppState>,
     PathParams((topic, id)): PathParams<(String, String)>,
     query: Result<Query<PutQuery>, QueryRejection>,
@@ -147,7 +147,7 @@ pub async fn put_job(
 }
 
 /// `DELETE /v1/topics/{topic}/jobs/{id}`: 404 when there is no such job.
-pub async fn delete_job(
+pub(super) async fn delete_job(
     State(state): State<AppState>,
     PathParams((topic, id)): PathParams<(String, String)>,
 ) -> Response {

@@ -25,7 +25,7 @@ use crate::config::HttpConfig;
 
 /// What a route needs; ordered from least to most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Access {
+pub(super) enum Access {
     Open,
     Metrics,
     Read,
@@ -42,7 +42,7 @@ enum Grant {
 }
 
 /// The policy table: the access `method` on `path` needs.
-pub fn required(method: &Method, path: &str) -> Access {
+pub(super) fn required(method: &Method, path: &str) -> Access {
     let reads = *method == Method::GET || *method == Method::HEAD;
     match path {
         "/healthz" | "/readyz" | "/v1/openapi.json" | "/" if reads => Access::Open,
@@ -53,7 +53,7 @@ pub fn required(method: &Method, path: &str) -> Access {
 }
 
 /// The middleware: refuses a request whose token does not grant what its route needs.
-pub async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub(super) async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let needed = required(request.method(), request.uri().path());
     match check(&state.config.http, needed, &request) {
         Ok(()) => next.run(request).await,

@@ -18,14 +18,14 @@ const DEFAULT_WINDOW_MS: u64 = 3_600_000;
 const DEFAULT_BUCKETS: usize = 60;
 
 #[derive(Debug, Deserialize)]
-pub struct HistogramQuery {
+pub(super) struct HistogramQuery {
     window_ms: Option<String>,
     buckets: Option<String>,
 }
 
 /// One slice of the window: jobs due in `(from, to]` (epoch ms).
 #[derive(Debug, Serialize)]
-pub struct BucketView {
+pub(super) struct BucketView {
     pub from: i64,
     pub to: i64,
     pub count: u64,
@@ -33,7 +33,7 @@ pub struct BucketView {
 
 /// The answer of `GET /v1/topics/{topic}/due-histogram`.
 #[derive(Debug, Serialize)]
-pub struct HistogramView {
+pub(super) struct HistogramView {
     pub topic: Topic,
     /// The Redis server's clock; the window starts here.
     pub now: i64,
@@ -65,7 +65,7 @@ impl HistogramView {
 }
 
 /// `GET /v1/topics/{topic}/due-histogram?window_ms=&buckets=`.
-pub async fn due_histogram(
+pub(super) async fn due_histogram(
     State(state): State<AppState>,
     PathParams(topic): PathParams<String>,
     query: Result<Query<HistogramQuery>, QueryRejection>,

@@ -26,7 +26,7 @@ const MAX_DELAY_FRACTION_DIGITS: usize = 9;
 /// string; `contents` is stored as UTF-8 text (a JSON value other than a string is
 /// stored as its JSON text).
 #[derive(Debug, Deserialize)]
-pub struct CompatSchedule {
+pub(super) struct CompatSchedule {
     id: Value,
     #[serde(default)]
     contents: Value,
@@ -37,12 +37,12 @@ pub struct CompatSchedule {
 }
 
 #[derive(Debug, Deserialize)]
-pub struct CompatCancel {
+pub(super) struct CompatCancel {
     id: Value,
 }
 
 /// `POST /schedule/{topic}` with `{"id", "contents", "delay", "replace"}`.
-pub async fn schedule(
+pub(super) async fn schedule(
     State(state): State<AppState>,
     headers: HeaderMap,
     PathParams(topic): PathParams<String>,
@@ -82,7 +82,7 @@ pub async fn schedule(
 }
 
 /// `POST /cancel/{topic}` with `{"id"}`: 404 when there is no such job.
-pub async fn cancel(
+pub(super) async fn cancel(
     State(state): State<AppState>,
     headers: HeaderMap,
     PathParams(topic): PathParams<String>,

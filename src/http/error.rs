@@ -114,7 +114,7 @@ impl IntoResponse for ApiError {
 /// [`axum::extract::Path`] whose rejection (a segment that is not UTF-8 after
 /// percent-decoding, …) is a JSON [`ApiError`] (400) like every other error, not
 /// axum's plain-text answer.
-pub struct PathParams<T>(pub T);
+pub(super) struct PathParams<T>(pub T);
 
 impl<T, S> axum::extract::FromRequestParts<S> for PathParams<T>
 where

@@ -22,7 +22,7 @@ const DEFAULT_HISTORY_LIMIT: usize = 50;
 
 /// `POST /v1/topics/{topic}/pause`: nothing of the topic is dispatched until resumed;
 /// commands are still applied. A topic without jobs can be paused.
-pub async fn pause(
+pub(super) async fn pause(
     State(state): State<AppState>,
     PathParams(topic): PathParams<String>,
 ) -> Result<Json<PauseView>, ApiError> {
@@ -43,7 +43,7 @@ pub async fn pause(
 }
 
 /// `POST /v1/topics/{topic}/resume`: the topic's due jobs are dispatched again.
-pub async fn resume(
+pub(super) async fn resume(
     State(state): State<AppState>,
     PathParams(topic): PathParams<String>,
 ) -> Result<Json<PauseView>, ApiError> {
@@ -65,7 +65,7 @@ pub async fn resume(
 
 /// `POST /v1/topics/{topic}/jobs/{id}/redrive`: a parked job due now, attempts kept.
 /// 404 when there is no such job, 409 when it is not parked.
-pub async fn redrive_job(
+pub(super) async fn redrive_job(
     State(state): State<AppState>,
     PathParams((topic, id)): PathParams<(String, String)>,
 ) -> Result<Json<RedriveView>, ApiError> {
@@ -83,7 +83,7 @@ pub async fn redrive_job(
 }
 
 /// `POST /v1/topics/{topic}/redrive`: every parked job of the topic due now.
-pub async fn redrive_topic(
+pub(super) async fn redrive_topic(
     State(state): State<AppState>,
     PathParams(topic): PathParams<String>,
 ) -> Result<Json<RedriveView>, ApiError> {
@@ -98,13 +98,13 @@ pub async fn redrive_topic(
 }
 
 #[derive(Debug, Deserialize)]
-pub struct HistoryQuery {
+pub(super) struct HistoryQuery {
     id: Option<String>,
     limit: Option<String>,
 }
 
 /// `GET /v1/topics/{topic}/history?id=&limit=`: the latest outcomes, newest first.
-pub async fn history(
+pub(super) async fn history(
     State(state): State<AppState>,
     PathParams(topic): PathParams<String>,
     query: Result<Query<HistoryQuery>, QueryRejection>,

@@ -38,7 +38,7 @@ const DASHBOARD_HTML: &str = include_str!("dashboard.html");
 const OPENAPI_JSON: &str = include_str!("openapi.json");
 
 /// What every handler can reach.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct AppState {
     pub store: Store,
     pub metrics: Arc<Metrics>,

@@ -19,12 +19,12 @@ use crate::metrics::{Format, TopicSnapshot};
 const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The process is alive (nothing else is checked).
-pub async fn healthz() -> Json<serde_json::Value> {
+pub(super) async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
 /// Ready when Redis answers and the AMQP topology is declared; 503 says which is not.
-pub async fn readyz(State(state): State<AppState>) -> Response {
+pub(super) async fn readyz(State(state): State<AppState>) -> Response {
     let redis = match tokio::time::timeout(PING_TIMEOUT, state.store.ping()).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(err)) => Err(err.to_string()),
@@ -56,7 +56,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 /// Redis at scrape time), in the classic Prometheus text format or in OpenMetrics as
 /// `Accept` asks ([`Format::from_accept`]). If Redis does not answer, the per-topic
 /// series are left out (`redisched_redis_up` tells why) rather than failing the scrape.
-pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub(super) async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
     let format = Format::from_accept(
         headers
             .get(header::ACCEPT)
@@ -110,7 +110,7 @@ pub(super) async fn topic_stats(
 /// Server-sent events: each event is the JSON of a [`crate::feed::Event`] (its `kind` is
 /// `dispatched` or `command`); a watcher too slow to keep up gets
 /// `{"kind":"lagged","missed":N}`. Ends when the server shuts down.
-pub async fn events(
+pub(super) async fn events(
     State(state): State<AppState>,
     shutdown: Option<Extension<Shutdown>>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {

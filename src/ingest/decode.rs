@@ -355,7 +355,7 @@ fn integer(value: &AMQPValue) -> Option<i64> {
 }
 
 /// The op name a delivery asks for, for metrics and replies even when it is invalid.
-pub fn op_name(props: &BasicProperties) -> &'static str {
+pub(super) fn op_name(props: &BasicProperties) -> &'static str {
     let value = props
         .headers()
         .as_ref()

@@ -31,6 +31,7 @@ use crate::store::PutStatus;
 use crate::store::{Applied, Command, DueHints, Op, Store, StoreError};
 pub use decode::{decode, decode_parts, Decoded, Invalid, Rules};
 
+#[derive(Debug)]
 pub struct Ingest {
     pub store: Store,
     pub config: Arc<Config>,
@@ -169,7 +170,7 @@ impl Ingest {
                     "invalid commands set aside",
                     reason,
                 ) {
-                    tracing::warn!(topic = %delivery.routing_key, id = ?crate::amqp::job_id(&delivery.properties).ok().flatten(), %reason, "invalid command set aside");
+                    tracing::warn!(topic = %delivery.routing_key, id = ?amqp::job_id(&delivery.properties).ok().flatten(), %reason, "invalid command set aside");
                 }
                 set_aside.push(self.set_aside(side, delivery, reason).await?);
             }
@@ -240,7 +241,7 @@ impl Ingest {
         }
         self.feed.send(Event::Command {
             topic: delivery.routing_key.to_string(),
-            id: crate::amqp::job_id(&delivery.properties)
+            id: amqp::job_id(&delivery.properties)
                 .ok()
                 .flatten()
                 .unwrap_or_default(),
@@ -258,7 +259,7 @@ impl Ingest {
         let mut body = json!({
             "status": outcome_name(outcome),
             "topic": delivery.routing_key.as_str(),
-            "id": crate::amqp::job_id(&delivery.properties).ok().flatten(),
+            "id": amqp::job_id(&delivery.properties).ok().flatten(),
         });
         match outcome {
             Outcome::Applied(Applied::Put(put)) => body["due_at"] = json!(put.due_at),

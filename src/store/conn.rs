@@ -12,10 +12,10 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
-pub const CLUSTER_SCHEME: &str = "redis-cluster://";
+pub(super) const CLUSTER_SCHEME: &str = "redis-cluster://";
 
 #[derive(Clone)]
-pub enum Conn {
+pub(super) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }
@@ -38,7 +38,7 @@ pub fn cluster_seeds(url: &str) -> Option<Vec<String>> {
 }
 
 impl Conn {
-    pub async fn open(options: &ConnectOptions) -> RedisResult<Self> {
+    pub(super) async fn open(options: &ConnectOptions) -> RedisResult<Self> {
         let (connect_timeout, response_timeout) =
             (options.connect_timeout, options.response_timeout);
         if let Some(seeds) = cluster_seeds(&options.url) {

@@ -26,7 +26,7 @@ pub struct KeySpace {
 pub struct TopicKeys(pub [String; 4]);
 
 /// Names of the full key list, in `KEYS` order (`lua/README.md`, "Key schema").
-pub const FULL_KEY_NAMES: [&str; 8] = [
+pub(super) const FULL_KEY_NAMES: [&str; 8] = [
     "scheduled",
     "reserved",
     "jobs",

@@ -74,6 +74,18 @@ pub struct Store {
     history_max: u32,
 }
 
+impl std::fmt::Debug for Store {
+    // The executor holds live connections; what identifies a store is where and what.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("url", &crate::config::redact_url(&self.options.url))
+            .field("keys", &self.keys)
+            .field("limits", &self.limits)
+            .field("history_max", &self.history_max)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Store {
     /// Connects and loads the scripts. Later reconnects (and `NOSCRIPT` after a Redis
     /// restart) are handled inside; callers only see [`StoreError::Unavailable`].

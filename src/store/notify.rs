@@ -30,7 +30,7 @@ pub const SUBSCRIPTION_PING_INTERVAL: Duration = Duration::from_secs(5);
 /// The board where hints wait for a dispatcher: the earliest hinted due time per
 /// topic, and whether every topic must be looked at again. Fed by ingest (in-process,
 /// for the commands it applied) and by [`Store::follow_notifications`].
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct DueHints {
     hints: Mutex<HashMap<Topic, i64>>,
     rescan: AtomicBool,

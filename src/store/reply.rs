@@ -11,7 +11,7 @@ pub(crate) struct Reader {
 }
 
 impl Reader {
-    pub fn new(script: &'static str, value: Value) -> Result<Self, StoreError> {
+    pub(super) fn new(script: &'static str, value: Value) -> Result<Self, StoreError> {
         match value {
             Value::Array(items) => Ok(Self {
                 script,
@@ -24,7 +24,7 @@ impl Reader {
         }
     }
 
-    pub fn remaining(&self) -> usize {
+    pub(super) fn remaining(&self) -> usize {
         self.items.len()
     }
 
@@ -34,7 +34,7 @@ impl Reader {
             .ok_or_else(|| StoreError::bad_reply(self.script, format!("missing {what}")))
     }
 
-    pub fn int(&mut self, what: &str) -> Result<i64, StoreError> {
+    pub(super) fn int(&mut self, what: &str) -> Result<i64, StoreError> {
         let script = self.script;
         match self.next(what)? {
             Value::Int(n) => Ok(n),
@@ -49,7 +49,7 @@ impl Reader {
         }
     }
 
-    pub fn bytes(&mut self, what: &str) -> Result<Vec<u8>, StoreError> {
+    pub(super) fn bytes(&mut self, what: &str) -> Result<Vec<u8>, StoreError> {
         let script = self.script;
         match self.next(what)? {
             Value::BulkString(b) => Ok(b),
@@ -61,18 +61,18 @@ impl Reader {
         }
     }
 
-    pub fn string(&mut self, what: &str) -> Result<String, StoreError> {
+    pub(super) fn string(&mut self, what: &str) -> Result<String, StoreError> {
         let bytes = self.bytes(what)?;
         String::from_utf8(bytes)
             .map_err(|_| StoreError::bad_reply(self.script, format!("{what} is not UTF-8")))
     }
 
-    pub fn array(&mut self, what: &str) -> Result<Reader, StoreError> {
+    pub(super) fn array(&mut self, what: &str) -> Result<Reader, StoreError> {
         let value = self.next(what)?;
         Reader::new(self.script, value)
     }
 
-    pub fn arrays(&mut self, what: &str) -> Result<Vec<Reader>, StoreError> {
+    pub(super) fn arrays(&mut self, what: &str) -> Result<Vec<Reader>, StoreError> {
         let mut outer = self.array(what)?;
         let mut readers = Vec::with_capacity(outer.remaining());
         while outer.remaining() > 0 {

@@ -1,7 +1,9 @@
 //! Shared by the integration tests: real Redis and RabbitMQ, isolated per test by a
 //! unique key prefix and unique exchange/queue names, cleaned up on drop. What the
 //! benchmark needs too lives in the `redisched-testkit` workspace crate.
-#![allow(dead_code)]
+// Test helpers: each test file uses some of them (`dead_code`), and `pub` is for the
+// test files that `mod common;` (`unreachable_pub`).
+#![allow(dead_code, unreachable_pub)]
 
 use std::time::Duration;
 
