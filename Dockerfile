@@ -8,17 +8,23 @@ FROM rust:1-bookworm AS build
 WORKDIR /src
 # Dependencies first, in their own layer: a change to the sources alone rebuilds only the
 # crate itself (the dependencies are most of a cold build).
+# The workspace's other members (the bench, the test kit) are never built here, but cargo
+# reads their manifests, so those come in with empty placeholder sources.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir src \
+COPY bench/Cargo.toml bench/Cargo.toml
+COPY testkit/Cargo.toml testkit/Cargo.toml
+RUN mkdir -p src bench/src testkit/src \
     && echo 'fn main() {}' >src/main.rs \
     && : >src/lib.rs \
-    && cargo build --release --locked --bin redisched \
+    && echo 'fn main() {}' >bench/src/main.rs \
+    && : >testkit/src/lib.rs \
+    && cargo build --release --locked -p redisched --bin redisched \
     && rm -rf src
 COPY . .
 # COPY keeps the sources' modification times, which may be older than the placeholders':
 # touch them so cargo rebuilds the crate instead of shipping the placeholder.
 RUN touch src/main.rs src/lib.rs \
-    && cargo build --release --locked --bin redisched \
+    && cargo build --release --locked -p redisched --bin redisched \
     && cp target/release/redisched /usr/local/bin/redisched
 
 FROM debian:bookworm-slim
