@@ -415,37 +415,6 @@ fn schedule_of(args: &PutArgs, min_interval_ms: u64) -> Result<Option<Schedule>,
     }
 }
 
-/// The first occurrence of a series: `explicit` (`--delay`/`--at`, `delay_ms=`/`at=`) if
-/// given (for cron: the first match at or after it), else one interval from now or the
-/// next cron match after now. `now` is the Redis server's clock, which every due time
-/// refers to. Shared by the CLI and the REST API.
-pub fn first_due(schedule: &Schedule, explicit: Option<Due>, now: i64) -> Result<Due, String> {
-    let start = match explicit {
-        None => {
-            return match schedule.every_ms() {
-                Some(ms) => Ok(Due::Delay(i64::try_from(ms).unwrap_or(i64::MAX))),
-                None => schedule
-                    .next_after(now)
-                    .map(Due::At)
-                    .ok_or_else(|| format!("{schedule} has no occurrence after now")),
-            }
-        }
-        // An interval starts exactly when asked; the store resolves a delay itself.
-        Some(due) if schedule.every_ms().is_some() => return Ok(due),
-        Some(Due::Delay(ms)) => now.saturating_add(ms),
-        Some(Due::At(at)) => at,
-    };
-    schedule
-        .first_at_or_after(start)
-        .map(Due::At)
-        .ok_or_else(|| {
-            format!(
-                "{schedule} has no occurrence at or after {}",
-                rfc3339(start)
-            )
-        })
-}
-
 async fn put(
     store: &Store,
     args: &PutArgs,
@@ -471,7 +440,7 @@ async fn put(
         None => store.put(request).await?,
         Some(schedule) => {
             let now = store.server_time().await?;
-            request.due = first_due(schedule, explicit, now).map_err(CliError::Usage)?;
+            request.due = schedule.first_due(explicit, now).map_err(CliError::Usage)?;
             let spec = schedule
                 .store_spec()
                 .map_err(|e| CliError::Usage(e.to_string()))?;
@@ -724,7 +693,8 @@ async fn redrive(store: &Store, topic: &Topic, id: Option<&JobId>) -> Result<Out
     let (redriven, human) = match id {
         Some(id) => {
             if !store.redrive(topic, id).await? {
-                let (_, why) = not_parked(store, topic, id).await?;
+                let info = store.get(topic, id).await?;
+                let (_, why) = view::not_parked(topic, id, info.as_ref());
                 return Err(CliError::NotFound(why));
             }
             (1, format!("re-drove {topic}/{id}: due now"))
@@ -744,25 +714,6 @@ async fn redrive(store: &Store, topic: &Topic, id: Option<&JobId>) -> Result<Out
         redriven,
     });
     Ok(Output { json, human })
-}
-
-/// Why a redrive of one job moved nothing, for both faces: whether the job exists (it
-/// is then not parked), and the message.
-pub async fn not_parked(
-    store: &Store,
-    topic: &Topic,
-    id: &JobId,
-) -> Result<(bool, String), StoreError> {
-    Ok(match store.get(topic, id).await? {
-        None => (false, view::no_such_job(topic, id)),
-        Some(info) => (
-            true,
-            format!(
-                "job {id} in topic {topic} is not parked (it is {}); only parked jobs are re-driven",
-                view::to_json(&info.state).as_str().unwrap_or("?")
-            ),
-        ),
-    })
 }
 
 async fn history(

@@ -36,6 +36,7 @@ use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
 use serde::Serialize;
 
+use crate::job::Due;
 use crate::store::ScheduleSpec;
 
 /// Zone of a cron schedule given without one.
@@ -334,6 +335,37 @@ fn cron_next(expr: &str, tz: &str, ms: i64, inclusive: bool) -> Option<i64> {
         Some(next_ms)
     } else {
         cron_next(expr, tz, next_ms, false)
+    }
+}
+
+impl Schedule {
+    /// The first occurrence of a series: `explicit` (`--delay`/`--at`, `delay_ms=`/`at=`)
+    /// if given (for cron: the first match at or after it), else one interval from now or
+    /// the next cron match after now. `now` is the Redis server's clock, which every due
+    /// time refers to. Shared by the CLI and the REST API (ingest has its own batch-wise
+    /// resolution of the same rule).
+    pub fn first_due(&self, explicit: Option<Due>, now: i64) -> Result<Due, String> {
+        let start = match explicit {
+            None => {
+                return match self.every_ms() {
+                    Some(ms) => Ok(Due::Delay(i64::try_from(ms).unwrap_or(i64::MAX))),
+                    None => self
+                        .next_after(now)
+                        .map(Due::At)
+                        .ok_or_else(|| format!("{self} has no occurrence after now")),
+                }
+            }
+            // An interval starts exactly when asked; the store resolves a delay itself.
+            Some(due) if self.every_ms().is_some() => return Ok(due),
+            Some(Due::Delay(ms)) => now.saturating_add(ms),
+            Some(Due::At(at)) => at,
+        };
+        self.first_at_or_after(start).map(Due::At).ok_or_else(|| {
+            let when = DateTime::from_timestamp_millis(start)
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+                .unwrap_or_else(|| format!("{start} ms"));
+            format!("{self} has no occurrence at or after {when}")
+        })
     }
 }
 

@@ -368,6 +368,21 @@ impl HistoryView {
     }
 }
 
+/// Why a redrive of one job moved nothing, for both faces: whether the job exists (it is
+/// then not parked: 409 / exit 1), and the message.
+pub fn not_parked(topic: &Topic, id: &JobId, info: Option<&JobInfo>) -> (bool, String) {
+    match info {
+        None => (false, no_such_job(topic, id)),
+        Some(info) => (
+            true,
+            format!(
+                "job {id} in topic {topic} is not parked (it is {}); only parked jobs are re-driven",
+                to_json(&info.state).as_str().unwrap_or("?")
+            ),
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -171,7 +171,7 @@ pub(super) fn recurrence(
 }
 
 impl Recurrence {
-    /// Stores the recurring job, first due per [`crate::cli::first_due`].
+    /// Stores the recurring job, first due per [`Schedule::first_due`].
     pub(super) async fn put(
         &self,
         state: &AppState,
@@ -181,7 +181,9 @@ impl Recurrence {
         mode: PutMode,
     ) -> Result<(PutOutcome, usize), ApiError> {
         let now = state.store.server_time().await?;
-        let due = crate::cli::first_due(&self.schedule, self.explicit, now)
+        let due = self
+            .schedule
+            .first_due(self.explicit, now)
             .map_err(ApiError::bad_request)?;
         let spec = self
             .schedule
@@ -214,12 +216,11 @@ pub(super) fn list_which(raw: Option<&str>) -> Result<ListWhich, ApiError> {
 
 /// Why a redrive of one job moved nothing: 404 without the job, 409 when it is not parked.
 async fn not_redriven(state: &AppState, topic: &Topic, id: &JobId) -> Result<ApiError, ApiError> {
-    Ok(
-        match crate::cli::not_parked(&state.store, topic, id).await? {
-            (false, message) => ApiError::not_found(message),
-            (true, message) => ApiError::new(StatusCode::CONFLICT, message),
-        },
-    )
+    let info = state.store.get(topic, id).await?;
+    Ok(match crate::view::not_parked(topic, id, info.as_ref()) {
+        (false, message) => ApiError::not_found(message),
+        (true, message) => ApiError::new(StatusCode::CONFLICT, message),
+    })
 }
 
 /// Tells the live feed and the log; these are not job commands, so
