@@ -263,8 +263,23 @@ proptest! {
                         prop_assert!(meta.message_id().is_none() && meta.reply_to().is_none());
                         prop_assert!(meta.expiration().is_none() && meta.user_id().is_none());
                         if let Some(headers) = meta.headers() {
-                            for control in ["x-delay", "x-deliver-at", "x-redisched-op"] {
+                            for control in ["x-deliver-at", "x-redisched-op", "x-redisched-id"] {
                                 prop_assert!(!headers.inner().contains_key(control));
+                            }
+                            // x-delay comes back only as the delayed-message plugin
+                            // delivers it: minus the requested delay, never positive.
+                            if let Some(delay) = headers.inner().get("x-delay") {
+                                let asked = props
+                                    .headers()
+                                    .as_ref()
+                                    .is_some_and(|h| h.inner().contains_key("x-delay"));
+                                prop_assert!(asked, "x-delay delivered though none was asked");
+                                let negated = match delay {
+                                    AMQPValue::LongInt(v) => i64::from(*v),
+                                    AMQPValue::LongLongInt(v) => *v,
+                                    other => return Err(TestCaseError::fail(format!("x-delay delivered as {other:?}"))),
+                                };
+                                prop_assert!(negated <= 0, "x-delay delivered as {negated}");
                             }
                         }
                     }
