@@ -34,7 +34,6 @@ use std::str::FromStr;
 use chrono::{DateTime, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
-use serde::Serialize;
 
 use crate::job::Due;
 use crate::store::ScheduleSpec;
@@ -82,18 +81,6 @@ pub enum Schedule {
     Every { ms: u64 },
     /// A cron expression (whitespace normalised) evaluated in the IANA zone `tz`.
     Cron { expr: String, tz: String },
-}
-
-/// How a schedule shows in views (JSON): `{"every_ms": 900000}` or
-/// `{"cron": "0 9 * * MON-FRI", "tz": "Europe/Berlin"}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ScheduleView {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub every_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cron: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tz: Option<String>,
 }
 
 impl Schedule {
@@ -224,15 +211,6 @@ impl Schedule {
         match self {
             Schedule::Cron { tz, .. } => Some(tz),
             Schedule::Every { .. } => None,
-        }
-    }
-
-    /// The serde-friendly description for views.
-    pub fn view(&self) -> ScheduleView {
-        ScheduleView {
-            every_ms: self.every_ms(),
-            cron: self.cron_expr().map(str::to_owned),
-            tz: self.tz().map(str::to_owned),
         }
     }
 
@@ -470,14 +448,6 @@ mod tests {
             Schedule::from_spec("every:x"),
             Err(ScheduleError::BadSpec(_))
         ));
-        assert_eq!(
-            serde_json::to_value(cron.view()).unwrap(),
-            serde_json::json!({"cron": "0 9 * * MON-FRI", "tz": "Europe/Berlin"})
-        );
-        assert_eq!(
-            serde_json::to_value(Schedule::Every { ms: 5 }.view()).unwrap(),
-            serde_json::json!({"every_ms": 5})
-        );
     }
 
     #[test]

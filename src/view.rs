@@ -388,6 +388,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn schedules_show_as_every_ms_or_cron_and_tz() {
+        let cron = crate::schedule::Schedule::cron("0 9 * * MON-FRI", Some("Europe/Berlin"))
+            .expect("valid cron");
+        assert_eq!(
+            serde_json::to_value(ScheduleFields::of(Some(&cron.to_spec()))).unwrap(),
+            serde_json::json!({"cron": "0 9 * * MON-FRI", "tz": "Europe/Berlin"})
+        );
+        let every = crate::schedule::Schedule::Every { ms: 5 };
+        assert_eq!(
+            serde_json::to_value(ScheduleFields::of(Some(&every.to_spec()))).unwrap(),
+            serde_json::json!({"every_ms": 5})
+        );
+        assert_eq!(
+            serde_json::to_value(ScheduleFields::of(None)).unwrap(),
+            serde_json::json!({})
+        );
+    }
+
+    #[test]
     fn times_and_states_read_as_people_write_them() {
         assert_eq!(rfc3339(1000), "1970-01-01T00:00:01.000Z");
         assert_eq!(
