@@ -318,10 +318,10 @@ fn cron_next(expr: &str, tz: &str, ms: i64, inclusive: bool) -> Option<i64> {
 
 impl Schedule {
     /// The first occurrence of a series: `explicit` (`--delay`/`--at`, `delay_ms=`/`at=`)
-    /// if given (for cron: the first match at or after it), else one interval from now or
-    /// the next cron match after now. `now` is the Redis server's clock, which every due
-    /// time refers to. Shared by the CLI and the REST API (ingest has its own batch-wise
-    /// resolution of the same rule).
+    /// if given (for cron: the first match at or after it, a start in the past meaning
+    /// now), else one interval from now or the next cron match after now. `now` is the
+    /// Redis server's clock, which every due time refers to. The one rule of ingest, the
+    /// CLI and the REST API.
     pub fn first_due(&self, explicit: Option<Due>, now: i64) -> Result<Due, String> {
         let start = match explicit {
             None => {
@@ -335,8 +335,9 @@ impl Schedule {
             }
             // An interval starts exactly when asked; the store resolves a delay itself.
             Some(due) if self.every_ms().is_some() => return Ok(due),
-            Some(Due::Delay(ms)) => now.saturating_add(ms),
-            Some(Due::At(at)) => at,
+            // A start in the past means now, as for every due time.
+            Some(Due::Delay(ms)) => now.saturating_add(ms.max(0)),
+            Some(Due::At(at)) => at.max(now),
         };
         self.first_at_or_after(start).map(Due::At).ok_or_else(|| {
             let when = DateTime::from_timestamp_millis(start)
@@ -448,6 +449,39 @@ mod tests {
             Schedule::from_spec("every:x"),
             Err(ScheduleError::BadSpec(_))
         ));
+    }
+
+    #[test]
+    fn a_first_occurrence_is_never_before_now() {
+        // Every 10 s on the clock; "now" is 12:00:05.
+        let cron = Schedule::cron("*/10 * * * * *", None).unwrap();
+        let now = 1_796_126_405_000;
+        assert_eq!(cron.first_due(None, now), Ok(Due::At(now + 5_000)));
+        // A start in the past means now: the next match from now, not a past one.
+        assert_eq!(
+            cron.first_due(Some(Due::At(now - 60_000)), now),
+            Ok(Due::At(now + 5_000))
+        );
+        assert_eq!(
+            cron.first_due(Some(Due::Delay(-60_000)), now),
+            Ok(Due::At(now + 5_000))
+        );
+        // A start in the future: the first match at or after it.
+        assert_eq!(
+            cron.first_due(Some(Due::Delay(15_000)), now),
+            Ok(Due::At(now + 15_000))
+        );
+        assert_eq!(
+            cron.first_due(Some(Due::At(now + 15_001)), now),
+            Ok(Due::At(now + 25_000))
+        );
+        // An interval starts exactly when asked.
+        let every = Schedule::Every { ms: 60_000 };
+        assert_eq!(every.first_due(None, now), Ok(Due::Delay(60_000)));
+        assert_eq!(
+            every.first_due(Some(Due::At(now + 1)), now),
+            Ok(Due::At(now + 1))
+        );
     }
 
     #[test]

@@ -41,25 +41,15 @@ enum OpName {
     Delete,
 }
 
-/// Where a cron series' first occurrence is looked for; resolved against the Redis
-/// server's clock by [`Decoded::resolve`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CronStart {
-    /// No `x-delay` / `x-deliver-at`: the first match strictly after now.
-    AfterNow,
-    /// `x-delay`: the first match at or after now + delay.
-    AtOrAfterDelay(i64),
-    /// `x-deliver-at`: the first match at or after it (a past time means now).
-    AtOrAfter(i64),
-}
-
 /// A decoded command. A cron series still needs "now" (the Redis server's clock) for its
 /// first occurrence: [`Decoded::needs_now`], then [`Decoded::resolve`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decoded {
     op: Op,
     schedule: Option<Schedule>,
-    cron_start: Option<CronStart>,
+    /// A cron series' first occurrence, found once the server's clock is known:
+    /// `Some(x-delay / x-deliver-at as given, if any)`; `None` for anything else.
+    cron_start: Option<Option<Due>>,
 }
 
 impl Decoded {
@@ -86,21 +76,16 @@ impl Decoded {
             cron_start,
         } = self;
         if let (Some(start), Some(schedule), Op::Put(put)) = (cron_start, &schedule, &mut op) {
-            let first = match start {
-                CronStart::AfterNow => schedule.next_after(now_ms),
-                CronStart::AtOrAfterDelay(delay) => {
-                    schedule.first_at_or_after(now_ms.saturating_add(delay.max(0)))
-                }
-                CronStart::AtOrAfter(at) => schedule.first_at_or_after(at.max(now_ms)),
-            };
-            let first = first.ok_or_else(|| {
+            // The one rule of every face (`Schedule::first_due`): the first match at or
+            // after the requested start, which is never before now.
+            let first = schedule.first_due(start, now_ms).map_err(|_| {
                 invalid(format!(
                     "{} {:?} has no occurrence after the requested start",
                     headers::CRON,
                     schedule.cron_expr().unwrap_or_default()
                 ))
             })?;
-            put.due = Due::At(first);
+            put.due = first;
         }
         let schedule = match &schedule {
             Some(schedule) => Some(schedule.store_spec().map_err(|e| invalid(e.to_string()))?),
@@ -214,14 +199,7 @@ pub fn decode_parts(
         (Some(Schedule::Every { ms }), None) => {
             (Due::Delay(i64::try_from(*ms).unwrap_or(i64::MAX)), None)
         }
-        (Some(Schedule::Cron { .. }), given) => (
-            Due::NOW,
-            Some(match given {
-                None => CronStart::AfterNow,
-                Some(Due::Delay(ms)) => CronStart::AtOrAfterDelay(ms),
-                Some(Due::At(at)) => CronStart::AtOrAfter(at),
-            }),
-        ),
+        (Some(Schedule::Cron { .. }), given) => (Due::NOW, Some(given)),
         (_, given) => (given.unwrap_or(Due::NOW), None),
     };
     let delivered = match due {
