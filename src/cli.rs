@@ -27,7 +27,8 @@ pub mod exit {
     pub const NOT_FOUND: u8 = 1;
     /// Bad arguments or a bad configuration value.
     pub const USAGE: u8 = 2;
-    /// Redis could not be reached (or timed out).
+    /// Redis could not be reached (or timed out), or a write was applied but not confirmed
+    /// by `redis.wait_replicas` replicas in time.
     pub const UNAVAILABLE: u8 = 3;
     /// The store refused the request (body too large, delay too long, …).
     pub const REFUSED: u8 = 4;
@@ -42,7 +43,7 @@ Exit codes:
   0  ok
   1  not found (get/delete of a job that does not exist, redrive of one not parked)
   2  usage or configuration error (the message names the bad key)
-  3  Redis unreachable
+  3  Redis unreachable (or, with redis.wait_replicas, a write not replicated in time)
   4  refused by the store (e.g. body too large, delay too long)
   5  unexpected failure
   6  `check` found problems it did not repair
@@ -284,7 +285,9 @@ pub fn describe_config_error(err: &ConfigError) -> String {
 impl From<StoreError> for CliError {
     fn from(err: StoreError) -> Self {
         match err {
-            StoreError::Unavailable(_) => CliError::Unavailable(err.to_string()),
+            StoreError::Unavailable(_) | StoreError::NotReplicated { .. } => {
+                CliError::Unavailable(err.to_string())
+            }
             StoreError::Rejected(rejection) => CliError::Refused(rejection),
             StoreError::BadReply { .. } => CliError::Failed(err.to_string()),
         }
@@ -361,7 +364,11 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
 async fn connect(config: &Config) -> Result<Store, CliError> {
     Store::connect(&config.connect_options(), config.limits())
         .await
-        .map(|store| store.with_history_max(config.history.max_per_topic))
+        .map(|store| {
+            store
+                .with_history_max(config.history.max_per_topic)
+                .with_durability(config.durability())
+        })
         .map_err(|err| match err {
             StoreError::Unavailable(e) => CliError::Unavailable(format!(
                 "cannot reach Redis at {}: {e}",

@@ -12,7 +12,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
-use crate::store::{ConnectOptions, Limits, MAX_BATCH};
+use crate::store::{ConnectOptions, Durability, Limits, MAX_BATCH};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -37,7 +37,16 @@ pub struct RedisConfig {
     pub response_timeout_ms: u64,
     /// PEM file of CAs trusted besides the system roots (`rediss://` only); empty = none.
     pub tls_ca_file: String,
+    /// Replicas that must confirm a batch of commands (`WAIT`) before it is acked, and a
+    /// job written over HTTP or the CLI before it is answered; 0 = no waiting.
+    pub wait_replicas: u32,
+    /// How long one `WAIT` blocks; when fewer replicas confirmed by then, the batch
+    /// stays unacked (logged) and the wait is asked again.
+    pub wait_timeout_ms: u64,
 }
+
+/// `redis.wait_replicas` above this is a mistake, not a deployment: ingest would stall.
+pub const MAX_WAIT_REPLICAS: u32 = 16;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -149,6 +158,8 @@ impl Default for RedisConfig {
             connect_timeout_ms: 5_000,
             response_timeout_ms: 5_000,
             tls_ca_file: String::new(),
+            wait_replicas: 0,
+            wait_timeout_ms: 1_000,
         }
     }
 }
@@ -335,6 +346,7 @@ impl Config {
                 "must be non-empty and free of braces",
             ));
         }
+        self.validate_wait()?;
         // One URL, or several (the nodes of a cluster) separated by commas: each must be
         // an amqp:// or amqps:// URL.
         let amqp_ok = |url: &str| {
@@ -449,6 +461,37 @@ impl Config {
         self.validate_tls()
     }
 
+    /// `redis.wait_replicas` and `redis.wait_timeout_ms`.
+    fn validate_wait(&self) -> Result<(), ConfigError> {
+        let redis = &self.redis;
+        if redis.wait_replicas > MAX_WAIT_REPLICAS {
+            return Err(invalid(
+                "redis.wait_replicas",
+                format!(
+                    "must be 0..={MAX_WAIT_REPLICAS} (replicas that confirm each write; 0 = no waiting)"
+                ),
+            ));
+        }
+        if redis.wait_timeout_ms == 0 {
+            return Err(invalid(
+                "redis.wait_timeout_ms",
+                "must be > 0 (Redis reads a WAIT timeout of 0 as \"wait forever\")",
+            ));
+        }
+        // The WAIT travels in the same pipeline as the writes, under the response timeout:
+        // a longer WAIT would be taken for a dead connection.
+        if redis.wait_replicas > 0 && redis.wait_timeout_ms >= redis.response_timeout_ms {
+            return Err(invalid(
+                "redis.wait_timeout_ms",
+                format!(
+                    "must be below redis.response_timeout_ms ({} ms): a longer wait would count as a dead connection",
+                    redis.response_timeout_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The TLS part of the config check: TLS URLs need the feature, a CA file needs a TLS
     /// URL to apply to (a CA file next to a plaintext URL would look protected and not
     /// be), and it must hold at least one PEM certificate.
@@ -515,6 +558,14 @@ impl Config {
             response_timeout: Duration::from_millis(self.redis.response_timeout_ms),
             tls_ca_file: crate::tls::ca_file(&self.redis.tls_ca_file).map(Path::to_path_buf),
         }
+    }
+
+    /// What stores that answer for writes wait for (`redis.wait_replicas`); `None` = 0.
+    pub fn durability(&self) -> Option<Durability> {
+        (self.redis.wait_replicas > 0).then(|| Durability {
+            replicas: self.redis.wait_replicas,
+            timeout: Duration::from_millis(self.redis.wait_timeout_ms),
+        })
     }
 
     pub fn limits(&self) -> Limits {
@@ -684,6 +735,55 @@ mod tests {
         assert!(err.to_string().contains("http.listen"), "{err}");
         config.http.token = "t".into();
         config.validate().expect("a token makes it fine");
+    }
+
+    #[test]
+    fn wait_settings_are_checked_in_user_terms() {
+        let mut config = Config::default();
+        assert_eq!(config.durability(), None, "0 replicas: no waiting at all");
+        config.redis.wait_replicas = 1;
+        assert_eq!(
+            config.durability(),
+            Some(Durability {
+                replicas: 1,
+                timeout: Duration::from_secs(1)
+            })
+        );
+        config.validate().expect("1 replica, 1 s");
+
+        config.redis.wait_timeout_ms = 0;
+        let err = config.validate().expect_err("0 would wait forever");
+        assert!(
+            err.to_string().contains("redis.wait_timeout_ms")
+                && err.to_string().contains("forever"),
+            "{err}"
+        );
+        config.redis.wait_timeout_ms = 5_000;
+        let err = config
+            .validate()
+            .expect_err("as long as the response timeout");
+        assert!(
+            err.to_string()
+                .contains("below redis.response_timeout_ms (5000 ms)"),
+            "{err}"
+        );
+        config.redis.response_timeout_ms = 10_000;
+        config
+            .validate()
+            .expect("a longer response timeout makes room");
+
+        config.redis.wait_replicas = 100;
+        let err = config.validate().expect_err("absurd replica count");
+        assert!(
+            err.to_string().contains("redis.wait_replicas") && err.to_string().contains("0..=16"),
+            "{err}"
+        );
+        // Without waiting, the timeout only has to be a usable number.
+        config.redis.wait_replicas = 0;
+        config.redis.response_timeout_ms = 1_000;
+        config
+            .validate()
+            .expect("unused timeout above the response timeout");
     }
 
     #[test]

@@ -74,7 +74,7 @@ impl From<crate::job::DueError> for ApiError {
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
         match &err {
-            StoreError::Unavailable(_) => {
+            StoreError::Unavailable(_) | StoreError::NotReplicated { .. } => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
             }
             StoreError::Rejected(rejection) => {

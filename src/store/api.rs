@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::durable::{judge, Replication};
 use super::error::Rejection;
 use super::exec::Call;
 use super::reply::{optional_time, Reader};
@@ -35,12 +36,25 @@ impl Store {
         self.apply_any(commands).await
     }
 
+    /// With durability set, fails with [`StoreError::NotReplicated`] when the replicas
+    /// fall short (everything was applied all the same).
     async fn apply_any<C: StoreCommand>(
         &self,
         ops: &[C],
     ) -> Result<Vec<Result<Applied, Rejection>>, StoreError> {
+        let (results, replication) = self.apply_waiting(ops).await?;
+        self.demand(replication)?;
+        Ok(results)
+    }
+
+    /// Applies `ops` in one round trip; with durability set, the same pipelines wait for
+    /// the replicas (`durable.rs`).
+    pub(super) async fn apply_waiting<C: StoreCommand>(
+        &self,
+        ops: &[C],
+    ) -> Result<(Vec<Result<Applied, Rejection>>, Replication), StoreError> {
         if ops.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Replication::NotAsked));
         }
         // Register topics before their first put, so a dispatcher that restarts finds
         // them; SADD of a known member is a no-op. Global calls run first.
@@ -58,7 +72,13 @@ impl Store {
             sadd.arg(self.keys.topics()).arg(&new_topics);
             calls.push(Call::global(sadd));
         }
-        let mut replies = self.exec.run(&calls).await?;
+        let (mut replies, replication) = match self.durability {
+            None => (self.exec.run(&calls).await?, Replication::NotAsked),
+            Some(want) => {
+                let (replies, acks) = self.exec.run_waiting(&calls, &want).await?;
+                (replies, judge(want, acks))
+            }
+        };
         if replies.len() > ops.len() {
             if let Some(Err(err)) = replies.pop() {
                 match StoreError::from(err) {
@@ -67,7 +87,8 @@ impl Store {
                 }
             }
         }
-        ops.iter()
+        let results = ops
+            .iter()
             .zip(replies)
             .map(|(op, reply)| match reply {
                 Ok(value) => Ok(Ok(decode_applied(op.op(), value)?)),
@@ -76,7 +97,8 @@ impl Store {
                     other => Err(other),
                 },
             })
-            .collect()
+            .collect::<Result<_, StoreError>>()?;
+        Ok((results, replication))
     }
 
     fn op_call<C: StoreCommand>(&self, command: &C) -> Call {

@@ -13,6 +13,15 @@ pub enum StoreError {
     /// Redis refused the request itself; retrying the same request will not help.
     #[error(transparent)]
     Rejected(#[from] Rejection),
+    /// The request was applied, but fewer replicas than `redis.wait_replicas` confirmed
+    /// it within `redis.wait_timeout_ms`: a failover now could lose it. Retrying is safe
+    /// (applying again leaves the same state).
+    #[error("applied, but only {confirmed} of {wanted} replicas confirmed it within {timeout_ms} ms (redis.wait_replicas); a Redis failover now could lose it: retry")]
+    NotReplicated {
+        wanted: u32,
+        confirmed: u32,
+        timeout_ms: u64,
+    },
     /// A script answered in a shape this version does not understand.
     #[error("unexpected reply from {script}.lua: {detail}")]
     BadReply {

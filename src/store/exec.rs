@@ -11,6 +11,12 @@
 //!
 //! Each call gets its own result: one that Redis refused (a damaged topic, a script
 //! error) does not hide the others. An unreachable Redis fails the whole batch.
+//!
+//! A *waiting* batch ([`Executor::run_waiting`], for `redis.wait_replicas`) ends each
+//! pipeline with `CLIENT INFO` and `WAIT`: the wait covers exactly the writes that
+//! pipeline carried, on the connection it names (see `durable.rs`). On a cluster every
+//! call of such a batch goes in a pipeline (a global call in one of its own), so each
+//! primary written to gets its own `WAIT`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,6 +24,7 @@ use std::sync::Arc;
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Value};
 
 use super::conn::{cluster_seeds, Conn};
+use super::durable::Durability;
 use super::error::{is_noscript, StoreError};
 use super::link::Link;
 use super::scripts::Scripts;
@@ -30,8 +37,8 @@ pub(crate) struct Call {
     cmd: Cmd,
 }
 
-#[derive(Clone, PartialEq, Eq, Hash)]
-enum Route {
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Route {
     /// Keys under one topic's hash tag.
     Topic(Topic),
     /// Keys outside any topic (the topic set), or no key at all.
@@ -57,6 +64,21 @@ impl Call {
         &mut self.cmd
     }
 }
+
+/// What the `CLIENT INFO` + `WAIT` at the end of one pipeline of a waiting batch said.
+#[derive(Debug, Clone)]
+pub(super) struct Ack {
+    /// The pipeline's route on a cluster; `None` on a standalone Redis, where one
+    /// connection carries the whole batch.
+    pub(super) route: Option<Route>,
+    /// Which connection carried the pipeline (`CLIENT INFO`'s `id`, `addr`, `laddr`).
+    pub(super) connection: String,
+    /// Replicas that confirmed every write made on that connection so far.
+    pub(super) replicas: u32,
+}
+
+/// Replies in the caller's order, and the acks of a waiting batch (none otherwise).
+type Sent = (Vec<RedisResult<Value>>, Vec<Ack>);
 
 /// Runs calls over the store's connection (replaced when it stops answering, see
 /// `link.rs`), with the scripts it keeps loaded.
@@ -101,18 +123,41 @@ impl Executor {
         if calls.is_empty() {
             return Ok(Vec::new());
         }
-        let mut replies = self.send(&calls.iter().collect::<Vec<_>>()).await?;
+        Ok(self.run_acked(calls, None).await?.0)
+    }
+
+    /// [`Executor::run`], each pipeline ending with `CLIENT INFO` and `WAIT` for
+    /// `wait.replicas` (blocking up to `wait.timeout`): the results, and one [`Ack`] per
+    /// pipeline sent. With no calls, a standalone Redis still answers one ack (which
+    /// connection this is, and what its earlier writes reached).
+    pub(super) async fn run_waiting(
+        &self,
+        calls: &[Call],
+        wait: &Durability,
+    ) -> Result<Sent, StoreError> {
+        self.run_acked(calls, Some(wait)).await
+    }
+
+    async fn run_acked(
+        &self,
+        calls: &[Call],
+        wait: Option<&Durability>,
+    ) -> Result<Sent, StoreError> {
+        let (mut replies, mut acks) = self.send(&calls.iter().collect::<Vec<_>>(), wait).await?;
         let lost: Vec<usize> = (0..replies.len())
             .filter(|&i| matches!(&replies[i], Err(err) if is_noscript(err)))
             .collect();
         if !lost.is_empty() {
             self.load_scripts().await?;
             let again: Vec<&Call> = lost.iter().map(|&i| &calls[i]).collect();
-            for (i, reply) in lost.into_iter().zip(self.send(&again).await?) {
+            // Both sends wrote: the acks of both must hold.
+            let (replies_again, acks_again) = self.send(&again, wait).await?;
+            acks.extend(acks_again);
+            for (i, reply) in lost.into_iter().zip(replies_again) {
                 replies[i] = reply;
             }
         }
-        Ok(replies)
+        Ok((replies, acks))
     }
 
     /// One call; its refusal is the error.
@@ -132,13 +177,13 @@ impl Executor {
     /// `SCRIPT LOAD`s every script; on a cluster each load goes to every primary.
     async fn load_scripts(&self) -> Result<(), StoreError> {
         let loads = self.scripts.loads();
-        for reply in self.send(&loads.iter().collect::<Vec<_>>()).await? {
+        for reply in self.send(&loads.iter().collect::<Vec<_>>(), None).await?.0 {
             reply?;
         }
         Ok(())
     }
 
-    async fn send(&self, calls: &[&Call]) -> Result<Vec<RedisResult<Value>>, StoreError> {
+    async fn send(&self, calls: &[&Call], wait: Option<&Durability>) -> Result<Sent, StoreError> {
         // Global calls first, then topic calls; `order[k]` is the caller's index of the
         // k-th call sent.
         let order: Vec<usize> = (0..calls.len())
@@ -147,67 +192,142 @@ impl Executor {
             .collect();
         let mut replies: Vec<RedisResult<Value>> = Vec::with_capacity(calls.len());
         replies.resize_with(calls.len(), || Ok(Value::Nil));
+        let mut acks = Vec::new();
         if !self.cluster {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for &i in &order {
                 pipe.add_command(calls[i].cmd.clone());
             }
-            let values: Vec<Value> = pipe.query_async(&mut self.conn.clone()).await?;
+            if let Some(wait) = wait {
+                ask_wait(&mut pipe, wait);
+            }
+            let mut values: Vec<Value> = pipe.query_async(&mut self.conn.clone()).await?;
+            if wait.is_some() {
+                acks.push(take_ack(&mut values, None)?);
+            }
             for (&i, value) in order.iter().zip(values) {
                 replies[i] = own_result(value);
             }
-            return Ok(replies);
+            return Ok((replies, acks));
         }
 
-        let globals: Vec<usize> = order
+        // Each global call alone: they may live in different slots.
+        let globals: Vec<Vec<usize>> = order
             .iter()
-            .copied()
-            .filter(|&i| calls[i].route == Route::Global)
+            .filter(|&&i| calls[i].route == Route::Global)
+            .map(|&i| vec![i])
             .collect();
-        let done = futures_util::future::join_all(globals.iter().map(|&i| {
-            let mut conn = self.conn.clone();
-            async move { calls[i].cmd.query_async::<Value>(&mut conn).await }
-        }))
-        .await;
-        for (&i, reply) in globals.iter().zip(done) {
-            replies[i] = reply;
-        }
-
-        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut topics: Vec<Vec<usize>> = Vec::new();
         let mut group_of: HashMap<&Route, usize> = HashMap::new();
         for &i in order.iter().filter(|&&i| calls[i].route != Route::Global) {
             let group = *group_of.entry(&calls[i].route).or_insert_with(|| {
-                groups.push(Vec::new());
-                groups.len() - 1
+                topics.push(Vec::new());
+                topics.len() - 1
             });
-            groups[group].push(i);
+            topics[group].push(i);
         }
-        let done = futures_util::future::join_all(groups.iter().map(|members| {
-            let mut conn = self.conn.clone();
-            async move {
-                // A lone call goes as a plain command: the cluster client follows
-                // MOVED/ASK and retries it on its own during a failover.
-                if let [i] = members[..] {
-                    return Ok(vec![calls[i].cmd.query_async::<Value>(&mut conn).await]);
+        for groups in [globals, topics] {
+            let done = futures_util::future::join_all(
+                groups
+                    .iter()
+                    .map(|members| self.send_group(calls, members, wait)),
+            )
+            .await;
+            for (members, sent) in groups.iter().zip(done) {
+                let (results, ack) = sent?;
+                acks.extend(ack);
+                for (&i, result) in members.iter().zip(results) {
+                    replies[i] = result;
                 }
-                let mut pipe = redis::pipe();
-                pipe.ignore_errors();
-                for &i in members {
-                    pipe.add_command(calls[i].cmd.clone());
-                }
-                let values = pipe.query_async::<Vec<Value>>(&mut conn).await?;
-                Ok::<_, RedisError>(values.into_iter().map(own_result).collect())
-            }
-        }))
-        .await;
-        for (members, results) in groups.iter().zip(done) {
-            for (&i, result) in members.iter().zip(results?) {
-                replies[i] = result;
             }
         }
-        Ok(replies)
+        Ok((replies, acks))
     }
+
+    /// One group of calls on a cluster (one route), as one pipeline, or as a plain
+    /// command when it is a lone call of a batch that does not wait: then the cluster
+    /// client follows MOVED/ASK and retries it on its own during a failover.
+    async fn send_group(
+        &self,
+        calls: &[&Call],
+        members: &[usize],
+        wait: Option<&Durability>,
+    ) -> Result<(Vec<RedisResult<Value>>, Option<Ack>), StoreError> {
+        let mut conn = self.conn.clone();
+        if let ([i], None) = (members, wait) {
+            return Ok((
+                vec![calls[*i].cmd.query_async::<Value>(&mut conn).await],
+                None,
+            ));
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for &i in members {
+            pipe.add_command(calls[i].cmd.clone());
+        }
+        if let Some(wait) = wait {
+            ask_wait(&mut pipe, wait);
+        }
+        let mut values = pipe.query_async::<Vec<Value>>(&mut conn).await?;
+        let ack = match (wait, members.first()) {
+            (Some(_), Some(&first)) => {
+                Some(take_ack(&mut values, Some(calls[first].route.clone()))?)
+            }
+            _ => None,
+        };
+        Ok((values.into_iter().map(own_result).collect(), ack))
+    }
+}
+
+/// Ends a pipeline with the questions of a waiting batch: which connection is this, and
+/// how many replicas hold its writes (`WAIT` blocks until `wait.replicas` do, or
+/// `wait.timeout` passed).
+fn ask_wait(pipe: &mut redis::Pipeline, wait: &Durability) {
+    pipe.cmd("CLIENT").arg("INFO");
+    pipe.cmd("WAIT")
+        .arg(wait.replicas)
+        .arg(u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX));
+}
+
+/// Takes the answers of [`ask_wait`] off the end of a pipeline's values. A refusal (an
+/// ACL without `wait` or `client|info`, a replica in place of a primary) fails the batch.
+fn take_ack(values: &mut Vec<Value>, route: Option<Route>) -> Result<Ack, StoreError> {
+    let (Some(replicas), Some(info)) = (values.pop(), values.pop()) else {
+        return Err(StoreError::bad_reply(
+            "redis",
+            "a waiting pipeline lost its WAIT reply",
+        ));
+    };
+    let replicas: i64 = redis::from_redis_value(own_result(replicas)?)
+        .map_err(|e| StoreError::bad_reply("redis", format!("WAIT: {e}")))?;
+    let info: String = redis::from_redis_value(own_result(info)?)
+        .map_err(|e| StoreError::bad_reply("redis", format!("CLIENT INFO: {e}")))?;
+    let connection = connection_of(&info);
+    // Without an identity a later WAIT could not be told from one on a new connection.
+    if connection.is_empty() {
+        return Err(StoreError::bad_reply(
+            "redis",
+            format!("CLIENT INFO: {info:?}"),
+        ));
+    }
+    Ok(Ack {
+        route,
+        connection,
+        replicas: u32::try_from(replicas).unwrap_or(0),
+    })
+}
+
+/// The fields of a `CLIENT INFO` line that name one connection: its id on the server
+/// (ids restart after a server restart, hence the addresses), our end and the server's.
+fn connection_of(client_info: &str) -> String {
+    client_info
+        .split_whitespace()
+        .filter(|field| {
+            field.starts_with("id=") || field.starts_with("addr=") || field.starts_with("laddr=")
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A pipeline reply with the command's own error as an `Err`.

@@ -12,7 +12,8 @@
 //! - `exec.rs`: the transport (standalone or cluster, pipelining, `NOSCRIPT`);
 //! - `keys.rs`: key names; `reply.rs`: reply decoding; `error.rs`: the error boundary;
 //! - `notify.rs`: the Pub/Sub notifications and the [`DueHints`] they feed;
-//! - `conn.rs`, `link.rs`: opening connections and replacing dead ones.
+//! - `conn.rs`, `link.rs`: opening connections and replacing dead ones;
+//! - `durable.rs`: waiting for replicas (`WAIT`) after job writes (`redis.wait_replicas`).
 //!
 //! Adding a script: `lua/<name>.lua`, its name in the list of `scripts.rs`, a typed
 //! method in `api.rs` (request and reply types in `types.rs`).
@@ -20,6 +21,7 @@
 mod api;
 mod check;
 mod conn;
+mod durable;
 mod error;
 mod exec;
 mod features;
@@ -37,6 +39,7 @@ use std::time::Duration;
 
 pub use check::{CheckReport, Problem, CHECK_STEP};
 pub use conn::cluster_seeds;
+pub use durable::{Durability, Replication, WriteMark};
 pub use error::{RejectCode, Rejection, StoreError};
 use exec::Executor;
 pub use histogram::{DueHistogram, MAX_HISTOGRAM_BUCKETS, MAX_HISTOGRAM_WINDOW_MS};
@@ -72,6 +75,8 @@ pub struct Store {
     limits: Limits,
     /// Cap of each topic's outcome history (`history.max_per_topic`); 0 writes none.
     history_max: u32,
+    /// Replicas that must confirm job writes (`durable.rs`); `None`: no waiting.
+    durability: Option<Durability>,
 }
 
 impl std::fmt::Debug for Store {
@@ -82,6 +87,7 @@ impl std::fmt::Debug for Store {
             .field("keys", &self.keys)
             .field("limits", &self.limits)
             .field("history_max", &self.history_max)
+            .field("durability", &self.durability)
             .finish_non_exhaustive()
     }
 }
@@ -97,6 +103,7 @@ impl Store {
             keys: KeySpace::new(options.prefix.clone()),
             limits,
             history_max: DEFAULT_HISTORY_MAX,
+            durability: None,
         })
     }
 
