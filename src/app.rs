@@ -59,8 +59,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     };
     let tasks = TaskTracker::new();
     if let Some(listener) = listener {
+        let Some(http_store) = writing_store(&config, &metrics, &shutdown, &store).await else {
+            return Ok(());
+        };
         let state = AppState {
-            store: store.clone(),
+            store: http_store,
             metrics: metrics.clone(),
             feed: feed.clone(),
             config: config.clone(),
@@ -98,8 +101,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
             warnings.log_remaining();
         });
     }
+    let Some(ingest_store) = writing_store(&config, &metrics, &shutdown, &store).await else {
+        return Ok(());
+    };
     let ingest = Ingest {
-        store: store.clone(),
+        store: ingest_store,
         config: config.clone(),
         metrics: metrics.clone(),
         feed: feed.clone(),
@@ -181,6 +187,23 @@ async fn connect_store(
         }
         backoff = (backoff * 2).min(Duration::from_secs(10));
     }
+}
+
+/// The store for a face that answers for its writes (ingest acks, the HTTP API replies):
+/// `store` itself, or with `redis.wait_replicas` > 0 a store on a connection of its own
+/// that waits for the replicas. A `WAIT` holds up every call behind it on its
+/// connection, and dispatch must not queue behind one. `None` on shutdown.
+async fn writing_store(
+    config: &Config,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+    store: &Store,
+) -> Option<Store> {
+    let Some(durability) = config.durability() else {
+        return Some(store.clone());
+    };
+    let own = connect_store(config, metrics, shutdown).await?;
+    Some(own.with_durability(Some(durability)))
 }
 
 /// One run of a stage over a connection, until the token ends it or the connection

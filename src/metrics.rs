@@ -29,6 +29,18 @@ pub struct RetryLabels {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShortfallLabels {
+    /// `timeout` or `connection_replaced`.
+    pub reason: String,
+}
+
+/// Every `reason` of `redisched_replication_shortfalls_total`, exposed at 0 from the
+/// start: fewer replicas than `redis.wait_replicas` confirmed a batch within
+/// `redis.wait_timeout_ms`, or the connection that wrote it was replaced (the batch is
+/// applied again).
+pub const SHORTFALL_REASONS: [&str; 2] = ["timeout", "connection_replaced"];
+
 /// The stages that hold an AMQP connection of their own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -181,6 +193,8 @@ pub struct Metrics {
     pub corrupt_records: Counter,
     pub publishes_in_flight: Gauge,
     pub lateness: Histogram,
+    pub replication_shortfalls: Family<ShortfallLabels, Counter>,
+    pub replication_wait: Histogram,
     pub redis_up: Gauge,
     pub amqp_up: Gauge,
     registry: Registry,
@@ -214,6 +228,17 @@ impl Metrics {
         // 1 ms .. ~65 s: precision matters at the low end.
         let lateness = Histogram::new([
             0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ]);
+        let replication_shortfalls = Family::<ShortfallLabels, Counter>::default();
+        for reason in SHORTFALL_REASONS {
+            let _ = replication_shortfalls.get_or_create(&ShortfallLabels {
+                reason: reason.into(),
+            });
+        }
+        // 0.5 ms (a replica on the LAN) .. 60 s (a stalled replica).
+        let replication_wait = Histogram::new([
+            0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            30.0, 60.0,
         ]);
         let redis_up = Gauge::default();
         let amqp_up = Gauge::default();
@@ -264,6 +289,16 @@ impl Metrics {
             "Time from a job's due time to its confirmed publish",
             lateness.clone(),
         );
+        registry.register(
+            "replication_shortfalls",
+            "Command batches held unacked because fewer replicas than redis.wait_replicas confirmed them, by reason",
+            replication_shortfalls.clone(),
+        );
+        registry.register(
+            "replication_wait_seconds",
+            "Time from sending a command batch to Redis to its replicas' confirmation (redis.wait_replicas > 0)",
+            replication_wait.clone(),
+        );
         registry.register("redis_up", "1 while Redis answers", redis_up.clone());
         registry.register(
             "amqp_up",
@@ -280,6 +315,8 @@ impl Metrics {
             corrupt_records,
             publishes_in_flight,
             lateness,
+            replication_shortfalls,
+            replication_wait,
             redis_up,
             amqp_up,
             registry,
@@ -300,6 +337,14 @@ impl Metrics {
     pub fn retry(&self, reason: &str) {
         self.publish_retries
             .get_or_create(&RetryLabels {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    pub fn replication_shortfall(&self, reason: &str) {
+        self.replication_shortfalls
+            .get_or_create(&ShortfallLabels {
                 reason: reason.into(),
             })
             .inc();
@@ -501,6 +546,14 @@ mod tests {
             let line = format!("redisched_publish_retries_total{{reason=\"{reason}\"}} 0\n");
             assert!(text.contains(&line), "{line} missing in {text}");
         }
+        for reason in SHORTFALL_REASONS {
+            let line = format!("redisched_replication_shortfalls_total{{reason=\"{reason}\"}} 0\n");
+            assert!(text.contains(&line), "{line} missing in {text}");
+        }
+        assert!(
+            text.contains("# TYPE redisched_replication_wait_seconds histogram\n"),
+            "{text}"
+        );
         for (name, _, _) in TOPIC_GAUGES {
             assert!(
                 text.contains(&format!("# TYPE {name} gauge\n")),

@@ -6,11 +6,15 @@
 //! with one cumulative ack after the whole batch is applied. A crash before the ack
 //! makes the broker redeliver the batch, which re-applies it in the same order, so a
 //! delete that followed a put still wins.
+//!
+//! Replicas: with `redis.wait_replicas` > 0 a batch is also acked only once that many
+//! replicas confirmed its writes (`WAIT`, in the same round trip as the writes); until
+//! then it is held unacked and the wait is asked again (see [`Ingest::until_replicated`]).
 
 mod decode;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::{FutureExt, StreamExt};
 use lapin::message::Delivery;
@@ -28,7 +32,7 @@ use crate::feed::{Event, Feed};
 use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
 use crate::store::PutStatus;
-use crate::store::{Applied, Command, DueHints, Op, Store, StoreError};
+use crate::store::{Applied, Command, DueHints, Op, Replication, Store, StoreError};
 pub use decode::{decode, decode_parts, Decoded, Invalid, Rules};
 
 #[derive(Debug)]
@@ -141,12 +145,19 @@ impl Ingest {
             .iter()
             .filter_map(|d| d.as_ref().ok().cloned())
             .collect();
-        let Some(mut applied) = self
-            .until_done(shutdown, || self.store.apply_commands(&ops))
+        let sent = Instant::now();
+        let Some((mut applied, replication)) = self
+            .until_done(shutdown, || self.store.apply_commands_durably(&ops))
             .await
         else {
             return Ok(false);
         };
+        if !self
+            .until_replicated(&ops, replication, sent, shutdown)
+            .await
+        {
+            return Ok(false);
+        }
         applied.reverse();
 
         let mut set_aside: Vec<PublisherConfirm> = Vec::new();
@@ -221,6 +232,79 @@ impl Ingest {
                 _ = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Holds an applied batch, unacked, until `redis.wait_replicas` replicas confirmed
+    /// its writes: asks again after a pause (the `WAIT` itself blocks up to
+    /// `redis.wait_timeout_ms`), and applies the batch again, in order, when the
+    /// connection that wrote it was replaced (the outcomes of the first application stand).
+    /// Never nacks: a requeued command counts towards the queue's delivery limit and
+    /// would be dead-lettered while valid. `false` on shutdown: the batch stays unacked
+    /// and is redelivered.
+    async fn until_replicated(
+        &self,
+        commands: &[Command],
+        mut replication: Replication,
+        sent: Instant,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let (wanted, timeout_ms) = (
+            self.config.redis.wait_replicas,
+            self.config.redis.wait_timeout_ms,
+        );
+        let mut pause = Duration::from_millis(100);
+        let mut held = false;
+        loop {
+            let mark = match replication {
+                Replication::NotAsked => return true,
+                Replication::Confirmed { replicas } => {
+                    self.metrics
+                        .replication_wait
+                        .observe(sent.elapsed().as_secs_f64());
+                    if held {
+                        tracing::info!(replicas, waited = ?sent.elapsed(), "replicas confirmed the held command batch; acking it");
+                    }
+                    return true;
+                }
+                Replication::Short { replicas, mark } => {
+                    self.metrics.replication_shortfall("timeout");
+                    let detail =
+                        format!("{replicas} of {wanted} replicas confirmed within {timeout_ms} ms");
+                    if self
+                        .warnings
+                        .admit("*", "command batches held for replicas", &detail)
+                    {
+                        tracing::warn!(replicas, wanted, timeout_ms, "command batch applied but not acked: too few replicas confirmed it (redis.wait_replicas); holding it and asking again");
+                    }
+                    Some(mark)
+                }
+                Replication::Replaced => {
+                    self.metrics.replication_shortfall("connection_replaced");
+                    tracing::warn!("the Redis connection that wrote the held command batch was replaced; applying the batch again before waiting");
+                    None
+                }
+            };
+            held = true;
+            tokio::select! {
+                _ = shutdown.cancelled() => return false,
+                _ = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(Duration::from_secs(1));
+            let next = match &mark {
+                Some(mark) => {
+                    self.until_done(shutdown, || self.store.wait_durable(mark))
+                        .await
+                }
+                None => self
+                    .until_done(shutdown, || self.store.apply_commands_durably(commands))
+                    .await
+                    .map(|(_, replication)| replication),
+            };
+            let Some(next) = next else {
+                return false;
+            };
+            replication = next;
         }
     }
 
