@@ -138,6 +138,86 @@ impl Cluster {
             .expect("a node of this cluster")
     }
 
+    /// `CLUSTER NODES` as one node sees it.
+    fn nodes_table(&self) -> String {
+        let port = self.masters()[0];
+        let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .and_then(|c| c.get_connection())
+            .expect("connect to a cluster node");
+        redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query(&mut conn)
+            .expect("CLUSTER NODES")
+    }
+
+    /// The port of the primary that owns `key`'s slot.
+    pub fn primary_of(&self, key: &str) -> u16 {
+        let port = self.masters()[0];
+        let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .and_then(|c| c.get_connection())
+            .expect("connect to a cluster node");
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut conn)
+            .expect("CLUSTER KEYSLOT");
+        for line in self.nodes_table().lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 9 || !fields[2].contains("master") {
+                continue;
+            }
+            let owns = fields[8..].iter().any(|range| {
+                let (low, high) = range.split_once('-').unwrap_or((range, range));
+                matches!((low.parse::<u16>(), high.parse::<u16>()), (Ok(l), Ok(h)) if (l..=h).contains(&slot))
+            });
+            if owns {
+                return node_port(fields[1]);
+            }
+        }
+        panic!("no primary owns slot {slot} of {key:?}");
+    }
+
+    /// The port of a replica of the primary on `primary`.
+    pub fn replica_of(&self, primary: u16) -> u16 {
+        let table = self.nodes_table();
+        let lines: Vec<Vec<&str>> = table
+            .lines()
+            .map(|line| line.split_whitespace().collect())
+            .collect();
+        let id = lines
+            .iter()
+            .find(|fields| fields.len() > 3 && node_port(fields[1]) == primary)
+            .map(|fields| fields[0])
+            .expect("the primary is in CLUSTER NODES");
+        lines
+            .iter()
+            .find(|fields| fields.len() > 3 && fields[2].contains("slave") && fields[3] == id)
+            .map(|fields| node_port(fields[1]))
+            .expect("the primary has a replica")
+    }
+
+    /// SIGSTOP: the node stops reading and answering (a stalled replica) until
+    /// [`Cluster::resume`].
+    pub fn pause(&self, port: u16) {
+        self.signal(port, "-STOP");
+    }
+
+    pub fn resume(&self, port: u16) {
+        self.signal(port, "-CONT");
+    }
+
+    fn signal(&self, port: u16, signal: &str) {
+        let pid = self.nodes[self.index(port)]
+            .as_ref()
+            .expect("a running node")
+            .id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
     /// SIGKILLs one node.
     pub fn kill(&mut self, port: u16) {
         let index = self.index(port);
@@ -155,6 +235,16 @@ impl Cluster {
             }
         }
     }
+}
+
+/// The client port of a `CLUSTER NODES` address (`127.0.0.1:7000@17000`).
+fn node_port(address: &str) -> u16 {
+    address
+        .split('@')
+        .next()
+        .and_then(|hostport| hostport.rsplit(':').next())
+        .and_then(|port| port.parse().ok())
+        .expect("a node address")
 }
 
 impl Drop for Cluster {

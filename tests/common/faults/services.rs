@@ -77,6 +77,8 @@ pub struct PrivateRedis {
     pub port: u16,
     dir: TempDir,
     child: Option<Child>,
+    /// The address this server replicates from, if it is a replica.
+    primary: Option<std::net::SocketAddr>,
 }
 
 impl PrivateRedis {
@@ -85,9 +87,92 @@ impl PrivateRedis {
             port: free_port(),
             dir: TempDir::new("redis"),
             child: None,
+            primary: None,
         };
         redis.spawn();
         redis
+    }
+
+    /// A replica of the server at `primary` (a [`PrivateRedis`]'s address, or a proxy in
+    /// front of it, to stall or cut replication), started and in sync.
+    pub fn start_replica_of(primary: std::net::SocketAddr) -> Self {
+        let mut redis = Self {
+            port: free_port(),
+            dir: TempDir::new("replica"),
+            child: None,
+            primary: Some(primary),
+        };
+        redis.spawn();
+        redis.wait_in_sync();
+        redis
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// A plain connection to this server, for inspection.
+    pub fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+            .expect("connect to the private redis-server")
+    }
+
+    /// One field of `INFO <section>` (`master_link_status`, `cmdstat_wait`…), if present.
+    pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
+        let info: String = redis::cmd("INFO")
+            .arg(section)
+            .query(&mut self.connection())
+            .expect("INFO");
+        info.lines()
+            .find_map(|line| line.strip_prefix(&format!("{field}:")))
+            .map(|value| value.trim().to_string())
+    }
+
+    /// Waits until a replica's link to its primary is up and the first sync is done.
+    pub fn wait_in_sync(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self
+            .info_field("replication", "master_link_status")
+            .as_deref()
+            != Some("up")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "replica not in sync within 20 s:\n{}",
+                tail(&self.dir.path().join("redis.log"), 20)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `REPLICAOF NO ONE`: a replica becomes a primary (what a failover does).
+    pub fn promote(&self) {
+        let _: String = redis::cmd("REPLICAOF")
+            .arg("NO")
+            .arg("ONE")
+            .query(&mut self.connection())
+            .expect("REPLICAOF NO ONE");
+    }
+
+    /// SIGSTOP: the process stops reading and answering (a stalled replica), until
+    /// [`PrivateRedis::resume`].
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`PrivateRedis::pause`].
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {pid}");
     }
 
     pub fn url(&self) -> String {
@@ -96,7 +181,15 @@ impl PrivateRedis {
 
     fn spawn(&mut self) {
         let dir = self.dir.path();
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        if let Some(primary) = self.primary {
+            command.args([
+                "--replicaof",
+                &primary.ip().to_string(),
+                &primary.port().to_string(),
+            ]);
+        }
+        let child = command
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args([
                 "--save",
@@ -143,6 +236,7 @@ impl PrivateRedis {
 
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
+            // A stopped process dies of SIGKILL too; no SIGCONT needed.
             let _ = child.kill(); // SIGKILL on unix
             let _ = child.wait();
         }
