@@ -288,7 +288,7 @@ impl Ingest {
         if matches!(outcome, Outcome::Invalid(_)) {
             self.metrics.invalid_commands.inc();
         }
-        self.feed.send(Event::Command {
+        self.feed.send_with(|| Event::Command {
             topic: delivery.routing_key.to_string(),
             id: amqp::job_id(&delivery.properties)
                 .ok()
