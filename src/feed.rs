@@ -42,6 +42,15 @@ impl Feed {
         let _ = self.sender.send(event);
     }
 
+    /// Builds and sends an event only while someone watches (the dashboard's event
+    /// stream): ingest and dispatch call this per command and per job, and with no
+    /// watcher the event's strings would be built for nothing.
+    pub fn send_with(&self, event: impl FnOnce() -> Event) {
+        if self.sender.receiver_count() > 0 {
+            let _ = self.sender.send(event());
+        }
+    }
+
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.sender.subscribe()
     }

@@ -580,3 +580,95 @@ async fn kubernetes_service_variables_do_not_stop_the_bridge() {
         "one warning names the ignored variables: {stderr}"
     );
 }
+
+/// Ingest applies batches two at a time: a long stream of replaces and deletes on a few
+/// ids, in small batches (so consecutive batches often name the same job), must leave
+/// each job as its last command says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_on_one_job_apply_in_delivery_order_across_batches() {
+    let mut config = test_config("order");
+    config.ingest.batch = 7;
+    let store = common::test_store_named(&config.redis.prefix).await;
+    let broker = Broker::new(&config).await;
+    // Published before the bridge starts, so every batch is full and batches overlap.
+    let mut last: std::collections::HashMap<(String, String), Option<Vec<u8>>> =
+        std::collections::HashMap::new();
+    let mut confirms = Vec::new();
+    for n in 0..3_000u32 {
+        let topic = format!("t{}", n % 2);
+        let id = format!("job-{}", (n * 7919) % 23);
+        let delete = n % 5 == 3;
+        let op = if delete { "delete" } else { "replace" };
+        let body = n.to_string().into_bytes();
+        let headers = [
+            ("x-redisched-op", text(op)),
+            ("x-delay", AMQPValue::LongInt(600_000)),
+        ];
+        confirms.push(
+            broker
+                .channel
+                .basic_publish(
+                    config.amqp.commands_exchange.as_str().into(),
+                    topic.as_str().into(),
+                    lapin::options::BasicPublishOptions::default(),
+                    &body,
+                    props(&id, &headers),
+                )
+                .await
+                .expect("publish command"),
+        );
+        last.insert((topic, id), (!delete).then_some(body));
+    }
+    for confirm in confirms {
+        assert!(
+            confirm.await.expect("confirm").is_ack(),
+            "command confirmed"
+        );
+    }
+    // Run the bridge until the queue is empty; stopping it acks what it applied and
+    // returns what it had only prefetched, so an empty queue after the stop means every
+    // command was applied.
+    let channel = broker.connection.create_channel().await.expect("channel");
+    let ready_count = || async {
+        channel
+            .queue_declare(
+                config.amqp.commands_queue.as_str().into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("passive declare")
+            .message_count()
+    };
+    let deadline = std::time::Instant::now() + 60 * SECOND;
+    loop {
+        let bridge = InProcess::start(&config);
+        while ready_count().await > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "commands not consumed"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(SECOND).await;
+        bridge.stop().await;
+        if ready_count().await == 0 {
+            break;
+        }
+    }
+    for ((topic, id), want) in &last {
+        let got = store
+            .get(
+                &redisched::job::Topic::new(topic).expect("topic"),
+                &redisched::job::JobId::new(id).expect("id"),
+            )
+            .await
+            .expect("get")
+            .map(|job| job.body);
+        assert_eq!(&got, want, "{topic}/{id} is as its last command says");
+    }
+    broker.cleanup().await;
+}

@@ -171,7 +171,7 @@ impl Confirmer {
             let lateness_ms = (now - done.due_at).max(0);
             self.metrics.jobs_dispatched.inc();
             self.metrics.lateness.observe(lateness_ms as f64 / 1000.0);
-            self.feed.send(Event::Dispatched {
+            self.feed.send_with(|| Event::Dispatched {
                 topic: done.lease.topic.to_string(),
                 id: done.lease.id,
                 due_at: done.due_at,

@@ -3,25 +3,32 @@
 //! invalid exchange with their reason before they are acked; nothing is dropped.
 //!
 //! Order: deliveries are applied in delivery order, in pipelined batches, and acked
-//! with one cumulative ack after the whole batch is applied. A crash before the ack
-//! makes the broker redeliver the batch, which re-applies it in the same order, so a
-//! delete that followed a put still wins.
+//! with one cumulative ack once the batch and every batch before it were applied. Two
+//! batches may be in Redis at once only if they name disjoint jobs, so commands on one
+//! job apply in delivery order. A crash before the ack makes the broker redeliver the
+//! batches, which re-applies them in the same order, so a delete that followed a put
+//! still wins.
 //!
-//! Replicas: with `redis.wait_replicas` > 0 a batch is also acked only once that many
-//! replicas confirmed its writes (`WAIT`, in the same round trip as the writes); until
-//! then it is held unacked and the wait is asked again (see [`Ingest::until_replicated`]).
+//! Replicas: with `redis.wait_replicas` > 0 a batch also counts as applied only once
+//! that many replicas confirmed its writes (`WAIT`, in the same round trip as the
+//! writes); until then it is held unacked and the wait is asked again (see
+//! [`Ingest::until_replicated`]). Re-applying a held batch after a batch behind it is
+//! safe for the same reason two batches may be in flight: they name disjoint jobs.
 
 mod decode;
 
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::Acker;
 use lapin::{BasicProperties, Channel, Connection, PublisherConfirm};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -45,6 +52,20 @@ pub struct Ingest {
     /// Invalid commands are counted exactly in metrics; the log gets the first of each
     /// topic and a summary per window, not one line per command.
     pub warnings: Arc<LogThrottle>,
+}
+
+/// Batches sent to Redis before the first of them came back: the next batch is applied
+/// while the previous one is still in Redis or being acked, which hides a round trip
+/// per batch. Two suffice to keep Redis busy; more only add unacked work at a crash.
+const BATCHES_IN_FLIGHT: usize = 2;
+
+/// A job a command names: batches in flight together name disjoint jobs, so commands
+/// on one job apply in delivery order, whatever order the batches finish in.
+type JobKey = (String, String);
+
+fn job_key(delivery: &Delivery) -> Option<JobKey> {
+    let id = amqp::job_id(&delivery.properties).ok().flatten()?;
+    Some((delivery.routing_key.to_string(), id))
 }
 
 /// How one delivery ended, before it is acked.
@@ -76,25 +97,57 @@ impl Ingest {
             .await?;
         tracing::info!(queue = %cfg.commands_queue, "consuming commands");
 
+        // Batches being applied, oldest first, with the jobs each names. A batch is acked
+        // (cumulatively) only when it and every batch before it were applied.
+        let mut in_flight = FuturesOrdered::new();
+        let mut named: VecDeque<HashSet<JobKey>> = VecDeque::new();
+        // A batch naming a job an in-flight batch also names waits for it.
+        let mut held: Option<(Vec<Delivery>, HashSet<JobKey>)> = None;
+        let mut draining = false;
         loop {
-            let first = tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => break,
-                next = consumer.next() => match next {
-                    Some(delivery) => delivery?,
-                    None => return Err(AmqpError::Broker(lapin::ErrorKind::InvalidChannelState(
-                        lapin::ChannelState::Closed, "consumer cancelled by the broker").into())),
-                },
-            };
-            let mut batch = vec![first];
-            while batch.len() < self.config.ingest.batch {
-                match consumer.next().now_or_never() {
-                    Some(Some(delivery)) => batch.push(delivery?),
-                    _ => break,
+            if let Some((batch, jobs)) = held.take() {
+                if named.iter().any(|earlier| !earlier.is_disjoint(&jobs)) {
+                    held = Some((batch, jobs));
+                } else {
+                    in_flight.push_back(self.process(&side, batch, &shutdown));
+                    named.push_back(jobs);
                 }
             }
-            if !self.process(&side, batch, &shutdown).await? {
+            if draining && in_flight.is_empty() {
                 break;
+            }
+            let can_take = !draining && held.is_none() && in_flight.len() < BATCHES_IN_FLIGHT;
+            tokio::select! {
+                biased;
+                // Stop taking deliveries; the batches in hand are finished and acked.
+                _ = shutdown.cancelled(), if !draining => draining = true,
+                Some(done) = in_flight.next() => {
+                    named.pop_front();
+                    match done? {
+                        Some(last) => {
+                            last.ack(BasicAckOptions { multiple: true }).await?;
+                        }
+                        // Shutdown while Redis was unreachable: this batch and the ones
+                        // after it stay unacked and are redelivered.
+                        None => break,
+                    }
+                }
+                next = consumer.next(), if can_take => {
+                    let first = match next {
+                        Some(delivery) => delivery?,
+                        None => return Err(AmqpError::Broker(lapin::ErrorKind::InvalidChannelState(
+                            lapin::ChannelState::Closed, "consumer cancelled by the broker").into())),
+                    };
+                    let mut batch = vec![first];
+                    while batch.len() < self.config.ingest.batch {
+                        match consumer.next().now_or_never() {
+                            Some(Some(delivery)) => batch.push(delivery?),
+                            _ => break,
+                        }
+                    }
+                    let jobs = batch.iter().filter_map(job_key).collect();
+                    held = Some((batch, jobs));
+                }
             }
         }
         // Best effort and bounded: the connection may already be gone or hung, and
@@ -110,14 +163,15 @@ impl Ingest {
         Ok(())
     }
 
-    /// Applies a batch and acks it. `Ok(false)`: shutdown came while Redis was
-    /// unreachable; the batch stays unacked and will be redelivered.
+    /// Applies a batch and returns the acker of its last delivery, for the caller to
+    /// ack in batch order. `Ok(None)`: shutdown came while Redis was unreachable; the
+    /// batch stays unacked and will be redelivered.
     async fn process(
         &self,
         side: &Channel,
         batch: Vec<Delivery>,
         shutdown: &CancellationToken,
-    ) -> Result<bool, AmqpError> {
+    ) -> Result<Option<Acker>, AmqpError> {
         let rules = Rules {
             limits: self.store.limits(),
             min_interval_ms: self.config.limits.min_interval_ms,
@@ -131,7 +185,7 @@ impl Ingest {
             .any(|d| d.as_ref().is_ok_and(Decoded::needs_now));
         let now = if needs_now {
             let Some(now) = self.until_done(shutdown, || self.store.server_time()).await else {
-                return Ok(false);
+                return Ok(None);
             };
             now
         } else {
@@ -150,13 +204,13 @@ impl Ingest {
             .until_done(shutdown, || self.store.apply_commands_durably(&ops))
             .await
         else {
-            return Ok(false);
+            return Ok(None);
         };
         if !self
             .until_replicated(&ops, replication, sent, shutdown)
             .await
         {
-            return Ok(false);
+            return Ok(None);
         }
         applied.reverse();
 
@@ -196,10 +250,7 @@ impl Ingest {
                 }
             }
         }
-        if let Some(last) = batch.last() {
-            last.acker.ack(BasicAckOptions { multiple: true }).await?;
-        }
-        Ok(true)
+        Ok(batch.last().map(|last| last.acker.clone()))
     }
 
     /// Retries a store call while Redis is unreachable: a command is never acked before
@@ -323,7 +374,7 @@ impl Ingest {
         if matches!(outcome, Outcome::Invalid(_)) {
             self.metrics.invalid_commands.inc();
         }
-        self.feed.send(Event::Command {
+        self.feed.send_with(|| Event::Command {
             topic: delivery.routing_key.to_string(),
             id: amqp::job_id(&delivery.properties)
                 .ok()
