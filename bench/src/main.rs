@@ -37,6 +37,7 @@ use serde_json::{json, Value};
 use bridge::common::{History, HistoryChoice, Spread};
 
 mod bridge;
+mod replication;
 
 #[derive(Parser)]
 #[command(
@@ -55,6 +56,9 @@ enum Command {
     Store(StoreArgs),
     #[command(flatten)]
     Bridge(bridge::BridgeCommand),
+    /// Ingest with redis.wait_replicas 0 vs 1 on a primary with a replica: throughput,
+    /// command latency, and the raw WAIT floor.
+    Replication(replication::ReplicationArgs),
 }
 
 #[derive(Args, Clone)]
@@ -106,6 +110,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Store(args) => store_bench(args).await,
         Command::Bridge(command) => bridge::run(command, store_for_all).await,
+        Command::Replication(args) => replication::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -129,7 +134,7 @@ async fn store_for_all(quick: bool, out: PathBuf) -> Result<()> {
     }
     match Cli::try_parse_from(argv)?.command {
         Command::Store(args) => store_bench(args).await,
-        Command::Bridge(_) => bail!("internal: not the store command"),
+        Command::Bridge(_) | Command::Replication(_) => bail!("internal: not the store command"),
     }
 }
 
