@@ -233,12 +233,15 @@ async fn a_stalled_replica_holds_acks_and_http_answers_until_it_catches_up() {
     wait_until(
         "every command applied and replicated",
         30 * SECOND,
+        // Every command counted: with two batches in flight, a later batch may be
+        // counted while an earlier one still waits, and acks go in order.
         || async {
             let metrics = scrape().await;
-            sample(
+            let deletes = sample(
                 &metrics,
                 "redisched_commands_total{op=\"delete\",outcome=\"deleted\"}",
-            ) == Some(2.0)
+            );
+            deletes == Some(2.0) && replicated_puts(&base).await == 10.0
         },
     )
     .await;
