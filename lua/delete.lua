@@ -1,13 +1,16 @@
 --[[ redisched delete: cancel a job by id, wherever it is (scheduled, reserved or parked).
 
 KEYS: 1 scheduled ZSET, 2 reserved ZSET, 3 jobs HASH, 4 seq STRING, and optionally
-  5 damaged, 6 paused, 7 history LIST, 8 failing ZSET (the full list, see put.lua)
+  5 damaged, 6 paused, 7 history LIST, 8 failing ZSET (the full list, see put.lua),
+  9 fence STRING (the topic's ingest fence, see put.lua)
 ARGV:
   1 id
   2 history_max  optional (8 keys): cap of the topic's history list, default 1000,
                  0 = write none; a removal is logged as 'deleted'
+  3 epoch        optional (9 keys): the writer's ingest epoch (see put.lua)
 Reply: 1 if a job was removed, 0 if there was none.
-Errors: INVALID_ARGUMENT (keys, empty id, history_max), WRONGTYPE (from Redis).
+Errors: INVALID_ARGUMENT (keys, empty id, history_max, epoch), FENCED (epoch older
+than the topic's fence: nothing removed), WRONGTYPE (from Redis).
 Invariant: after it, the id is in none of the keys. A job already reserved may have
 its publish in flight: the delete removes it, but cannot recall a message the broker
 already took (its release then finds nothing, which is harmless). Deleting a recurring
@@ -43,18 +46,44 @@ local function int_arg(value)
 end
 
 -- The full key list (lua/README.md, "Key schema"): 1 scheduled, 2 reserved, 3 jobs,
--- 4 seq, 5 damaged, 6 paused, 7 history, 8 failing. Version-1 callers pass the first
--- four (check.lua: five) and get the version-1 behaviour. Returns true for the full
--- list, false for the short one, else nil and the error reply to return.
-local function full_keys(name, short)
-  if #KEYS == 8 then
+-- 4 seq, 5 damaged, 6 paused, 7 history, 8 failing, and for put and delete (`fenced`)
+-- optionally 9 fence. Version-1 callers pass the first four (check.lua: five) and get
+-- the version-1 behaviour. Returns true for the full list, false for the short one,
+-- else nil and the error reply to return.
+local function full_keys(name, short, fenced)
+  if #KEYS == 8 or (fenced and #KEYS == 9) then
     return true
   end
   if short and #KEYS == short then
     return false
   end
   return nil, redis.error_reply('INVALID_ARGUMENT ' .. name .. ' takes ' ..
-    (short and (short .. ' or ') or '') .. '8 keys, got ' .. #KEYS)
+    (short and (short .. ' or ') or '') .. '8' .. (fenced and ' or 9' or '') .. ' keys, got ' .. #KEYS)
+end
+
+-- Ingest fencing (put and delete; lua/README.md, "Fencing"): a write that carries an
+-- ingest epoch older than the topic's fence (KEYS[9]) comes from a superseded bridge
+-- session, e.g. a request that waited in the network while its commands were
+-- redelivered to another bridge, and must not land after the commands that followed
+-- it. Returns nil (admitted; a newer epoch raises the fence) or the error reply. No
+-- fence key or an empty epoch: unfenced (other clients, the HTTP API).
+local function fence_refusal(epoch)
+  if #KEYS < 9 or epoch == nil or epoch == '' then
+    return nil
+  end
+  local e = int_arg(epoch)
+  if not e or e < 1 then
+    return redis.error_reply('INVALID_ARGUMENT epoch must be a positive integer, got ' .. tostring(epoch))
+  end
+  local fence = tonumber(redis.call('GET', KEYS[9]) or '0')
+  if e < fence then
+    return redis.error_reply('FENCED ingest epoch ' .. epoch .. ' is older than this topic\'s fence ' ..
+      fmt(fence) .. ': a newer bridge session has written here since')
+  end
+  if e > fence then
+    redis.call('SET', KEYS[9], epoch)
+  end
+  return nil
 end
 
 -- A job record of format 1 or 2 as a table, or nil if it is missing or unreadable:
@@ -146,7 +175,7 @@ local function history_push(key, max, entries)
   end
 end
 -- <<< shared <<<
-local full, bad_keys = full_keys('delete', 4)
+local full, bad_keys = full_keys('delete', 4, true)
 if bad_keys then
   return bad_keys
 end
@@ -156,6 +185,10 @@ end
 local history_max, bad_history = history_max_arg(ARGV[2])
 if bad_history then
   return bad_history
+end
+local fenced = fence_refusal(ARGV[3])
+if fenced then
+  return fenced
 end
 if not full then
   history_max = 0

@@ -1,6 +1,6 @@
 --[[ redisched put: schedule a job, or replace one by id.
 
-KEYS (all under one hash tag, see lua/README.md), 4 or 8:
+KEYS (all under one hash tag, see lua/README.md), 4, 8 or 9:
   1 scheduled  ZSET  id -> due time (epoch ms); parked jobs at 10^17
   2 reserved   ZSET  id -> reservation deadline (epoch ms)
   3 jobs       HASH  id -> job record (format 1 or 2, lua/README.md)
@@ -8,6 +8,7 @@ KEYS (all under one hash tag, see lua/README.md), 4 or 8:
                       takes the same keys)
   5 damaged, 6 paused (unused here), 7 history LIST, 8 failing ZSET: the full list;
                       with only the first four no history is written
+  9 fence      STRING optional: the topic's ingest fence (highest ingest epoch seen)
 ARGV:
   1 id            1..256 bytes of UTF-8 text without control characters (the rule of
                   the Rust JobId); anything else is refused, so every client can read
@@ -28,6 +29,9 @@ ARGV:
                   spec is a recurring series: release.lua reschedules it
   11 history_max  optional (8 keys): cap of the topic's history list, default 1000,
                   0 = write none; a replace is logged as 'replaced'
+  12 epoch        optional (9 keys): the writer's ingest epoch, a positive integer;
+                  refused (FENCED) if older than the fence, else raises it. '' or
+                  absent: unfenced
 Reply: { status, due_at } where status is
   'scheduled'  a new job was stored,
   'replaced'   mode 'replace' overwrote an existing job (scheduled, reserved or
@@ -39,6 +43,7 @@ Reply: { status, due_at } where status is
                time in its record, also for a parked job).
 Errors: INVALID_ARGUMENT (keys, id, mode, when, limits, spec, history_max),
 BODY_TOO_LARGE, DELAY_TOO_LONG, CORRUPT_RECORD (mode 'nx' on an unreadable record),
+FENCED (epoch older than the topic's fence: nothing written),
 WRONGTYPE (from Redis: a key holds another type).
 Invariant: an id is in `jobs` exactly when it is in exactly one of `scheduled`,
 `reserved`. Replacing a reserved job resets its token, so a late release or retry for
@@ -75,18 +80,44 @@ local function int_arg(value)
 end
 
 -- The full key list (lua/README.md, "Key schema"): 1 scheduled, 2 reserved, 3 jobs,
--- 4 seq, 5 damaged, 6 paused, 7 history, 8 failing. Version-1 callers pass the first
--- four (check.lua: five) and get the version-1 behaviour. Returns true for the full
--- list, false for the short one, else nil and the error reply to return.
-local function full_keys(name, short)
-  if #KEYS == 8 then
+-- 4 seq, 5 damaged, 6 paused, 7 history, 8 failing, and for put and delete (`fenced`)
+-- optionally 9 fence. Version-1 callers pass the first four (check.lua: five) and get
+-- the version-1 behaviour. Returns true for the full list, false for the short one,
+-- else nil and the error reply to return.
+local function full_keys(name, short, fenced)
+  if #KEYS == 8 or (fenced and #KEYS == 9) then
     return true
   end
   if short and #KEYS == short then
     return false
   end
   return nil, redis.error_reply('INVALID_ARGUMENT ' .. name .. ' takes ' ..
-    (short and (short .. ' or ') or '') .. '8 keys, got ' .. #KEYS)
+    (short and (short .. ' or ') or '') .. '8' .. (fenced and ' or 9' or '') .. ' keys, got ' .. #KEYS)
+end
+
+-- Ingest fencing (put and delete; lua/README.md, "Fencing"): a write that carries an
+-- ingest epoch older than the topic's fence (KEYS[9]) comes from a superseded bridge
+-- session, e.g. a request that waited in the network while its commands were
+-- redelivered to another bridge, and must not land after the commands that followed
+-- it. Returns nil (admitted; a newer epoch raises the fence) or the error reply. No
+-- fence key or an empty epoch: unfenced (other clients, the HTTP API).
+local function fence_refusal(epoch)
+  if #KEYS < 9 or epoch == nil or epoch == '' then
+    return nil
+  end
+  local e = int_arg(epoch)
+  if not e or e < 1 then
+    return redis.error_reply('INVALID_ARGUMENT epoch must be a positive integer, got ' .. tostring(epoch))
+  end
+  local fence = tonumber(redis.call('GET', KEYS[9]) or '0')
+  if e < fence then
+    return redis.error_reply('FENCED ingest epoch ' .. epoch .. ' is older than this topic\'s fence ' ..
+      fmt(fence) .. ': a newer bridge session has written here since')
+  end
+  if e > fence then
+    redis.call('SET', KEYS[9], epoch)
+  end
+  return nil
 end
 
 -- A job record of format 1 or 2 as a table, or nil if it is missing or unreadable:
@@ -219,12 +250,12 @@ local function valid_id(s)
   return true
 end
 
-local full, bad_keys = full_keys('put', 4)
+local full, bad_keys = full_keys('put', 4, true)
 if bad_keys then
   return bad_keys
 end
-if #ARGV < 8 or #ARGV > 11 then
-  return redis.error_reply('INVALID_ARGUMENT put takes 8 to 11 arguments, got ' .. #ARGV)
+if #ARGV < 8 or #ARGV > 12 then
+  return redis.error_reply('INVALID_ARGUMENT put takes 8 to 12 arguments, got ' .. #ARGV)
 end
 if not valid_id(id) then
   return redis.error_reply('INVALID_ARGUMENT id must be 1..256 bytes of UTF-8 without control characters')
@@ -261,6 +292,10 @@ end
 if due - now > max_delay then
   return redis.error_reply('DELAY_TOO_LONG due in ' .. string.format('%d', due - now) ..
     ' ms, the limit is ' .. string.format('%d', max_delay) .. ' ms')
+end
+local fenced = fence_refusal(ARGV[12])
+if fenced then
+  return fenced
 end
 
 local existing = redis.call('HGET', jobs, id)

@@ -26,18 +26,44 @@ local function int_arg(value)
 end
 
 -- The full key list (lua/README.md, "Key schema"): 1 scheduled, 2 reserved, 3 jobs,
--- 4 seq, 5 damaged, 6 paused, 7 history, 8 failing. Version-1 callers pass the first
--- four (check.lua: five) and get the version-1 behaviour. Returns true for the full
--- list, false for the short one, else nil and the error reply to return.
-local function full_keys(name, short)
-  if #KEYS == 8 then
+-- 4 seq, 5 damaged, 6 paused, 7 history, 8 failing, and for put and delete (`fenced`)
+-- optionally 9 fence. Version-1 callers pass the first four (check.lua: five) and get
+-- the version-1 behaviour. Returns true for the full list, false for the short one,
+-- else nil and the error reply to return.
+local function full_keys(name, short, fenced)
+  if #KEYS == 8 or (fenced and #KEYS == 9) then
     return true
   end
   if short and #KEYS == short then
     return false
   end
   return nil, redis.error_reply('INVALID_ARGUMENT ' .. name .. ' takes ' ..
-    (short and (short .. ' or ') or '') .. '8 keys, got ' .. #KEYS)
+    (short and (short .. ' or ') or '') .. '8' .. (fenced and ' or 9' or '') .. ' keys, got ' .. #KEYS)
+end
+
+-- Ingest fencing (put and delete; lua/README.md, "Fencing"): a write that carries an
+-- ingest epoch older than the topic's fence (KEYS[9]) comes from a superseded bridge
+-- session, e.g. a request that waited in the network while its commands were
+-- redelivered to another bridge, and must not land after the commands that followed
+-- it. Returns nil (admitted; a newer epoch raises the fence) or the error reply. No
+-- fence key or an empty epoch: unfenced (other clients, the HTTP API).
+local function fence_refusal(epoch)
+  if #KEYS < 9 or epoch == nil or epoch == '' then
+    return nil
+  end
+  local e = int_arg(epoch)
+  if not e or e < 1 then
+    return redis.error_reply('INVALID_ARGUMENT epoch must be a positive integer, got ' .. tostring(epoch))
+  end
+  local fence = tonumber(redis.call('GET', KEYS[9]) or '0')
+  if e < fence then
+    return redis.error_reply('FENCED ingest epoch ' .. epoch .. ' is older than this topic\'s fence ' ..
+      fmt(fence) .. ': a newer bridge session has written here since')
+  end
+  if e > fence then
+    redis.call('SET', KEYS[9], epoch)
+  end
+  return nil
 end
 
 -- A job record of format 1 or 2 as a table, or nil if it is missing or unreadable:

@@ -1290,3 +1290,62 @@ async fn put_publishes_on_the_notify_channel_when_it_becomes_the_topic_head() {
     assert_eq!(name, "notify.requeue");
     assert!(when.parse::<i64>().unwrap() >= before, "{msg}");
 }
+
+/// Ingest fencing: a put or delete carrying an ingest epoch older than one that already
+/// wrote the topic is refused and writes nothing; a newer epoch raises the fence;
+/// unfenced writes (HTTP, other clients) are not affected.
+#[tokio::test]
+async fn a_write_from_an_older_ingest_epoch_is_refused_and_writes_nothing() {
+    use redisched::store::Command;
+    let store = test_store().await;
+    let t = topic("fence");
+    let put = |id: &str, body: &[u8]| Command {
+        op: Op::Put(req(&t, id, body, Due::Delay(60_000), PutMode::Replace)),
+        schedule: None,
+    };
+    let delete = |id: &str| Command {
+        op: Op::Delete {
+            topic: t.clone(),
+            id: jid(id),
+        },
+        schedule: None,
+    };
+    let old = store.next_ingest_epoch().await.unwrap();
+    let new = store.next_ingest_epoch().await.unwrap();
+    assert!(new > old, "epochs grow: {old} then {new}");
+
+    let applied = store.apply_fenced(&[put("a", b"new")], new).await.unwrap();
+    assert!(applied[0].is_ok(), "{applied:?}");
+    // The old session's put and delete arrive late: refused, nothing written.
+    let late = store
+        .apply_fenced(&[put("a", b"stale"), delete("a"), put("b", b"stale")], old)
+        .await
+        .unwrap();
+    for result in &late {
+        let refused = result.as_ref().expect_err("refused");
+        assert_eq!(refused.code, RejectCode::Fenced, "{refused}");
+        assert!(
+            refused.message.contains("newer bridge session"),
+            "{refused}"
+        );
+    }
+    let a = store.get(&t, &jid("a")).await.unwrap().expect("a kept");
+    assert_eq!(a.body, b"new");
+    assert!(store.get(&t, &jid("b")).await.unwrap().is_none());
+    // The same epoch and newer ones are admitted; unfenced writes always are.
+    let again = store.apply_fenced(&[delete("a")], new).await.unwrap();
+    assert!(
+        matches!(again[0], Ok(Applied::Delete { removed: true })),
+        "{again:?}"
+    );
+    let unfenced = store.apply_commands(&[put("c", b"http")]).await.unwrap();
+    assert!(unfenced[0].is_ok(), "{unfenced:?}");
+    // A fence on one topic does not reach another.
+    let other = topic("fence.other");
+    let elsewhere = Command {
+        op: Op::Put(req(&other, "a", b"x", Due::Delay(60_000), PutMode::Keep)),
+        schedule: None,
+    };
+    let applied = store.apply_fenced(&[elsewhere], old).await.unwrap();
+    assert!(applied[0].is_ok(), "{applied:?}");
+}

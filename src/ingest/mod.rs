@@ -7,7 +7,12 @@
 //! batches may be in Redis at once only if they name disjoint jobs, so commands on one
 //! job apply in delivery order. A crash before the ack makes the broker redeliver the
 //! batches, which re-applies them in the same order, so a delete that followed a put
-//! still wins.
+//! still wins. Replies and set-asides go out in batch order too.
+//!
+//! Fencing: with a single active consumer, every put and delete carries the session's
+//! ingest epoch (`Store::apply_fenced`), so a request this bridge gave up on, still on
+//! its way to Redis while the broker redelivered its commands to another bridge,
+//! cannot land after the commands that followed it. A fenced reply ends the session.
 //!
 //! Replicas: with `redis.wait_replicas` > 0 a batch also counts as applied only once
 //! that many replicas confirmed its writes (`WAIT`, in the same round trip as the
@@ -39,7 +44,9 @@ use crate::feed::{Event, Feed};
 use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
 use crate::store::PutStatus;
-use crate::store::{Applied, Command, DueHints, Op, Replication, Store, StoreError};
+use crate::store::{
+    Applied, Command, DueHints, Op, RejectCode, Rejection, Replication, Store, StoreError,
+};
 pub use decode::{decode, decode_parts, Decoded, Invalid, Rules};
 
 #[derive(Debug)]
@@ -66,6 +73,41 @@ type JobKey = (String, String);
 fn job_key(delivery: &Delivery) -> Option<JobKey> {
     let id = amqp::job_id(&delivery.properties).ok().flatten()?;
     Some((delivery.routing_key.to_string(), id))
+}
+
+/// An ingest session's epoch (see `Store::apply_fenced`): taken at its first batch,
+/// when this consumer became the active one, and again after a failed apply.
+#[derive(Default)]
+struct Epoch(tokio::sync::Mutex<Option<u64>>);
+
+impl Epoch {
+    async fn get(&self, store: &Store) -> Result<u64, StoreError> {
+        let mut current = self.0.lock().await;
+        match *current {
+            Some(epoch) => Ok(epoch),
+            None => {
+                let epoch = store.next_ingest_epoch().await?;
+                *current = Some(epoch);
+                Ok(epoch)
+            }
+        }
+    }
+
+    /// Forgets `used` (unless a newer epoch replaced it already).
+    async fn expire(&self, used: u64) {
+        let mut current = self.0.lock().await;
+        if *current == Some(used) {
+            *current = None;
+        }
+    }
+}
+
+/// A batch as applied: its deliveries, each one's decoded command (or why it is
+/// invalid), and the store's result for each valid one, in order.
+struct AppliedBatch {
+    batch: Vec<Delivery>,
+    commands: Vec<Result<Command, Invalid>>,
+    results: Vec<Result<Applied, Rejection>>,
 }
 
 /// How one delivery ended, before it is acked.
@@ -97,6 +139,7 @@ impl Ingest {
             .await?;
         tracing::info!(queue = %cfg.commands_queue, "consuming commands");
 
+        let epoch = Epoch::default();
         // Batches being applied, oldest first, with the jobs each names. A batch is acked
         // (cumulatively) only when it and every batch before it were applied.
         let mut in_flight = FuturesOrdered::new();
@@ -109,7 +152,7 @@ impl Ingest {
                 if named.iter().any(|earlier| !earlier.is_disjoint(&jobs)) {
                     held = Some((batch, jobs));
                 } else {
-                    in_flight.push_back(self.process(&side, batch, &shutdown));
+                    in_flight.push_back(self.apply_batch(batch, &epoch, &shutdown));
                     named.push_back(jobs);
                 }
             }
@@ -123,9 +166,12 @@ impl Ingest {
                 _ = shutdown.cancelled(), if !draining => draining = true,
                 Some(done) = in_flight.next() => {
                     named.pop_front();
-                    match done? {
-                        Some(last) => {
-                            last.ack(BasicAckOptions { multiple: true }).await?;
+                    match done {
+                        Some(applied) => {
+                            // In batch order: replies and set-asides keep command order.
+                            if let Some(last) = self.finish(&side, applied).await? {
+                                last.ack(BasicAckOptions { multiple: true }).await?;
+                            }
                         }
                         // Shutdown while Redis was unreachable: this batch and the ones
                         // after it stay unacked and are redelivered.
@@ -163,15 +209,15 @@ impl Ingest {
         Ok(())
     }
 
-    /// Applies a batch and returns the acker of its last delivery, for the caller to
-    /// ack in batch order. `Ok(None)`: shutdown came while Redis was unreachable; the
-    /// batch stays unacked and will be redelivered.
-    async fn process(
+    /// Decodes and applies a batch; several may run at once. `None`: shutdown came while
+    /// Redis was unreachable, or the session was superseded (fenced); the batch stays
+    /// unacked and is redelivered.
+    async fn apply_batch(
         &self,
-        side: &Channel,
         batch: Vec<Delivery>,
+        epoch: &Epoch,
         shutdown: &CancellationToken,
-    ) -> Result<Option<Acker>, AmqpError> {
+    ) -> Option<AppliedBatch> {
         let rules = Rules {
             limits: self.store.limits(),
             min_interval_ms: self.config.limits.min_interval_ms,
@@ -184,10 +230,8 @@ impl Ingest {
             .iter()
             .any(|d| d.as_ref().is_ok_and(Decoded::needs_now));
         let now = if needs_now {
-            let Some(now) = self.until_done(shutdown, || self.store.server_time()).await else {
-                return Ok(None);
-            };
-            now
+            self.until_done(shutdown, || self.store.server_time())
+                .await?
         } else {
             0
         };
@@ -200,25 +244,47 @@ impl Ingest {
             .filter_map(|d| d.as_ref().ok().cloned())
             .collect();
         let sent = Instant::now();
-        let Some((mut applied, replication)) = self
-            .until_done(shutdown, || self.store.apply_commands_durably(&ops))
-            .await
-        else {
-            return Ok(None);
-        };
+        let (results, replication) = self
+            .until_done(shutdown, || self.apply(&ops, epoch))
+            .await?;
+        if let Some(fenced) = first_fenced(&results) {
+            // Another bridge took over these commands' topics (our deliveries went back
+            // to the broker): end the session, acking nothing; what this batch applied
+            // is applied again, in order, wherever the broker redelivers it.
+            tracing::warn!(reason = %fenced, "this ingest session was superseded; reconnecting");
+            return None;
+        }
         if !self
-            .until_replicated(&ops, replication, sent, shutdown)
+            .until_replicated(&ops, epoch, replication, sent, shutdown)
             .await
         {
-            return Ok(None);
+            return None;
         }
-        applied.reverse();
+        Some(AppliedBatch {
+            batch,
+            commands,
+            results,
+        })
+    }
 
+    /// Reports an applied batch (metrics, feed, replies) and sets its invalid commands
+    /// aside, confirmed; returns the acker of its last delivery. Called in batch order.
+    async fn finish(
+        &self,
+        side: &Channel,
+        applied: AppliedBatch,
+    ) -> Result<Option<Acker>, AmqpError> {
+        let AppliedBatch {
+            batch,
+            commands,
+            mut results,
+        } = applied;
+        results.reverse();
         let mut set_aside: Vec<PublisherConfirm> = Vec::new();
         for (delivery, command) in batch.iter().zip(commands) {
             let outcome = match command {
                 Err(invalid) => Outcome::Invalid(invalid.0),
-                Ok(command) => match applied.pop() {
+                Ok(command) => match results.pop() {
                     Some(Ok(done)) => {
                         self.after_applied(&command.op, done);
                         Outcome::Applied(done)
@@ -251,6 +317,28 @@ impl Ingest {
             }
         }
         Ok(batch.last().map(|last| last.acker.clone()))
+    }
+
+    /// Applies commands, fenced by the session's epoch while the commands queue has a
+    /// single active consumer (with several active consumers order is not promised,
+    /// and they would fence each other); with `redis.wait_replicas`, says what the
+    /// replicas confirmed.
+    async fn apply(
+        &self,
+        ops: &[Command],
+        epoch: &Epoch,
+    ) -> Result<(Vec<Result<Applied, Rejection>>, Replication), StoreError> {
+        if !self.config.amqp.single_active_consumer {
+            return self.store.apply_durably(ops, None).await;
+        }
+        let used = epoch.get(&self.store).await?;
+        let result = self.store.apply_durably(ops, Some(used)).await;
+        if result.is_err() {
+            // The request may still reach Redis later over the old connection: the
+            // retry writes with a newer epoch, so that late arrival is refused.
+            epoch.expire(used).await;
+        }
+        result
     }
 
     /// Retries a store call while Redis is unreachable: a command is never acked before
@@ -291,11 +379,12 @@ impl Ingest {
     /// `redis.wait_timeout_ms`), and applies the batch again, in order, when the
     /// connection that wrote it was replaced (the outcomes of the first application stand).
     /// Never nacks: a requeued command counts towards the queue's delivery limit and
-    /// would be dead-lettered while valid. `false` on shutdown: the batch stays unacked
-    /// and is redelivered.
+    /// would be dead-lettered while valid. `false` on shutdown, or when the re-applied
+    /// batch was fenced: the batch stays unacked and is redelivered.
     async fn until_replicated(
         &self,
         commands: &[Command],
+        epoch: &Epoch,
         mut replication: Replication,
         sent: Instant,
         shutdown: &CancellationToken,
@@ -347,10 +436,16 @@ impl Ingest {
                     self.until_done(shutdown, || self.store.wait_durable(mark))
                         .await
                 }
-                None => self
-                    .until_done(shutdown, || self.store.apply_commands_durably(commands))
+                None => match self
+                    .until_done(shutdown, || self.apply(commands, epoch))
                     .await
-                    .map(|(_, replication)| replication),
+                {
+                    Some((results, _)) if first_fenced(&results).is_some() => {
+                        tracing::warn!("this ingest session was superseded while its batch waited for replicas; reconnecting");
+                        return false;
+                    }
+                    applied => applied.map(|(_, replication)| replication),
+                },
             };
             let Some(next) = next else {
                 return false;
@@ -447,6 +542,14 @@ impl Ingest {
             )
             .await?)
     }
+}
+
+/// The first command of a batch refused because a newer ingest epoch wrote its topic.
+fn first_fenced(results: &[Result<Applied, Rejection>]) -> Option<&Rejection> {
+    results.iter().find_map(|result| match result {
+        Err(rejection) if rejection.code == RejectCode::Fenced => Some(rejection),
+        _ => None,
+    })
 }
 
 fn outcome_name(outcome: &Outcome) -> &'static str {

@@ -25,7 +25,7 @@ impl Store {
     /// be said about the batch (Redis unreachable): the caller retries all of it, which
     /// is safe because applying a command twice in order leaves the same state.
     pub async fn apply(&self, ops: &[Op]) -> Result<Vec<Result<Applied, Rejection>>, StoreError> {
-        self.apply_any(ops).await
+        self.apply_any(ops, None).await
     }
 
     /// [`Store::apply`] for [`Command`]s: puts that may carry a schedule spec.
@@ -33,7 +33,27 @@ impl Store {
         &self,
         commands: &[Command],
     ) -> Result<Vec<Result<Applied, Rejection>>, StoreError> {
-        self.apply_any(commands).await
+        self.apply_any(commands, None).await
+    }
+
+    /// [`Store::apply_commands`] fenced by an ingest epoch (from
+    /// [`Store::next_ingest_epoch`]): a command is refused with
+    /// [`RejectCode::Fenced`](super::RejectCode::Fenced), writing nothing, if a newer
+    /// epoch has written its topic, so a request its sender gave up on (it may still
+    /// be on its way to Redis) cannot land after the commands that followed it.
+    pub async fn apply_fenced(
+        &self,
+        commands: &[Command],
+        epoch: u64,
+    ) -> Result<Vec<Result<Applied, Rejection>>, StoreError> {
+        self.apply_any(commands, Some(epoch)).await
+    }
+
+    /// A new ingest epoch, greater than every one handed out before.
+    pub async fn next_ingest_epoch(&self) -> Result<u64, StoreError> {
+        let mut incr = redis::cmd("INCR");
+        incr.arg(self.keys.ingest_epoch());
+        self.exec.query(&incr).await
     }
 
     /// With durability set, fails with [`StoreError::NotReplicated`] when the replicas
@@ -41,17 +61,19 @@ impl Store {
     async fn apply_any<C: StoreCommand>(
         &self,
         ops: &[C],
+        epoch: Option<u64>,
     ) -> Result<Vec<Result<Applied, Rejection>>, StoreError> {
-        let (results, replication) = self.apply_waiting(ops).await?;
+        let (results, replication) = self.apply_waiting(ops, epoch).await?;
         self.demand(replication)?;
         Ok(results)
     }
 
-    /// Applies `ops` in one round trip; with durability set, the same pipelines wait for
-    /// the replicas (`durable.rs`).
+    /// Applies `ops` in one round trip, fenced by `epoch` if given; with durability set,
+    /// the same pipelines wait for the replicas (`durable.rs`).
     pub(super) async fn apply_waiting<C: StoreCommand>(
         &self,
         ops: &[C],
+        epoch: Option<u64>,
     ) -> Result<(Vec<Result<Applied, Rejection>>, Replication), StoreError> {
         if ops.is_empty() {
             return Ok((Vec::new(), Replication::NotAsked));
@@ -66,7 +88,7 @@ impl Store {
                 }
             }
         }
-        let mut calls: Vec<Call> = ops.iter().map(|op| self.op_call(op)).collect();
+        let mut calls: Vec<Call> = ops.iter().map(|op| self.op_call(op, epoch)).collect();
         if !new_topics.is_empty() {
             let mut sadd = redis::cmd("SADD");
             sadd.arg(self.keys.topics()).arg(&new_topics);
@@ -101,8 +123,14 @@ impl Store {
         Ok((results, replication))
     }
 
-    fn op_call<C: StoreCommand>(&self, command: &C) -> Call {
+    fn op_call<C: StoreCommand>(&self, command: &C, epoch: Option<u64>) -> Call {
         let scripts = self.exec.scripts();
+        let keys = |topic: &Topic| match epoch {
+            Some(_) => self.keys.fenced(topic).to_vec(),
+            None => self.keys.all(topic).to_vec(),
+        };
+        // '' leaves the write unfenced (the scripts' optional last argument).
+        let epoch = epoch.map_or(String::new(), |e| e.to_string());
         match command.op() {
             Op::Put(put) => {
                 let (kind, when) = match put.due {
@@ -113,7 +141,7 @@ impl Store {
                     PutMode::Keep => "nx",
                     PutMode::Replace => "replace",
                 };
-                Scripts::call(&scripts.put, &put.topic, &self.keys)
+                Scripts::call_with_keys(&scripts.put, &put.topic, &keys(&put.topic))
                     .arg(put.id.as_str())
                     .arg(&put.body[..])
                     .arg(&put.meta[..])
@@ -125,10 +153,14 @@ impl Store {
                     .arg(self.keys.notify_channel())
                     .arg(command.schedule().map_or("", ScheduleSpec::as_str))
                     .arg(self.history_max)
+                    .arg(&epoch)
             }
-            Op::Delete { topic, id } => Scripts::call(&scripts.delete, topic, &self.keys)
-                .arg(id.as_str())
-                .arg(self.history_max),
+            Op::Delete { topic, id } => {
+                Scripts::call_with_keys(&scripts.delete, topic, &keys(topic))
+                    .arg(id.as_str())
+                    .arg(self.history_max)
+                    .arg(&epoch)
+            }
         }
     }
 

@@ -66,7 +66,7 @@ impl Store {
     /// Makes every job write of this store wait for `durability`'s replicas (`None`: no
     /// waiting, no extra command). [`Store::apply`], [`Store::put`], [`Store::delete`]
     /// and [`Store::put_recurring`] then fail with [`StoreError::NotReplicated`] when the
-    /// replicas fall short; [`Store::apply_commands_durably`] reports it instead.
+    /// replicas fall short; [`Store::apply_durably`] reports it instead.
     pub fn with_durability(mut self, durability: Option<Durability>) -> Self {
         self.durability = durability;
         self
@@ -76,13 +76,15 @@ impl Store {
         self.durability
     }
 
-    /// [`Store::apply_commands`] that, with durability set, also waits for the replicas
-    /// in the same round trip and says what they confirmed, whatever it is.
-    pub async fn apply_commands_durably(
+    /// [`Store::apply_commands`] (or, with an `epoch`, [`Store::apply_fenced`]) that, with
+    /// durability set, also waits for the replicas in the same round trip and says what
+    /// they confirmed, whatever it is.
+    pub async fn apply_durably(
         &self,
         commands: &[Command],
+        epoch: Option<u64>,
     ) -> Result<(Vec<Result<Applied, Rejection>>, Replication), StoreError> {
-        self.apply_waiting(commands).await
+        self.apply_waiting(commands, epoch).await
     }
 
     /// Waits again for the writes of `mark` (a [`Replication::Short`] answer):

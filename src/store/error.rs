@@ -59,6 +59,8 @@ pub enum RejectCode {
     CorruptRecord,
     /// A key of the topic holds the wrong Redis type (damaged or foreign data).
     WrongType,
+    /// An ingest write from a superseded session: a newer one wrote the topic since.
+    Fenced,
     /// A script failed in a way it did not plan for.
     ScriptError,
 }
@@ -71,6 +73,7 @@ impl RejectCode {
             RejectCode::InvalidArgument => "invalid_argument",
             RejectCode::CorruptRecord => "corrupt_record",
             RejectCode::WrongType => "wrong_type",
+            RejectCode::Fenced => "fenced",
             RejectCode::ScriptError => "script_error",
         }
     }
@@ -90,6 +93,7 @@ impl From<RedisError> for StoreError {
             Some("INVALID_ARGUMENT") => RejectCode::InvalidArgument,
             Some("CORRUPT_RECORD") => RejectCode::CorruptRecord,
             Some("WRONGTYPE") => RejectCode::WrongType,
+            Some("FENCED") => RejectCode::Fenced,
             // A Lua runtime error is a bug or damaged data, not an outage: retrying
             // would block the caller forever.
             Some("ERR") if is_script_failure(&err) => RejectCode::ScriptError,

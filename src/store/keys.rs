@@ -64,6 +64,21 @@ impl KeySpace {
         FULL_KEY_NAMES.map(|name| format!("{base}:{name}"))
     }
 
+    /// The full list plus the topic's ingest fence (the highest ingest epoch that
+    /// wrote it), for fenced puts and deletes.
+    pub fn fenced(&self, topic: &Topic) -> [String; 9] {
+        let base = format!("{}:{{{}}}", self.prefix, topic.as_str());
+        let mut keys = FULL_KEY_NAMES.map(|name| format!("{base}:{name}")).to_vec();
+        keys.push(format!("{base}:fence"));
+        keys.try_into()
+            .unwrap_or_else(|_| unreachable!("8 + 1 keys"))
+    }
+
+    /// The counter ingest sessions take their epochs from (its own slot).
+    pub fn ingest_epoch(&self) -> String {
+        format!("{}:ingest-epoch", self.prefix)
+    }
+
     /// Where `check.lua` sets aside what it cannot repair; same hash tag as the
     /// topic's other keys.
     pub fn damaged(&self, topic: &Topic) -> String {
