@@ -16,30 +16,9 @@ use std::time::{Duration, Instant};
 
 use common::bridge::*;
 use common::faults::*;
-use redisched::config::Config;
 use tokio_util::sync::CancellationToken;
 
 const SECOND: Duration = Duration::from_secs(1);
-
-/// Small windows so that the duplicate bounds are tight; fast failure detection.
-fn fault_config(label: &str) -> Config {
-    let mut config = test_config(label);
-    config.dispatch.ttr_ms = 3_000;
-    config.dispatch.window = 200;
-    config.dispatch.batch = 100;
-    config.ingest.prefetch = 200;
-    config.ingest.batch = 100;
-    config.amqp.heartbeat_secs = 2;
-    config.redis.response_timeout_ms = 1_000;
-    config.redis.connect_timeout_ms = 1_000;
-    config
-}
-
-/// Duplicates one fault may cause: a confirm window of published-but-unreleased jobs
-/// plus a prefetch of applied-but-unacked commands.
-fn dup_bound(config: &Config, faults: usize) -> usize {
-    faults * (config.dispatch.window + usize::from(config.ingest.prefetch))
-}
 
 /// Milliseconds from `since` to the first delivery after it, waiting up to `timeout`.
 async fn recovery_ms(collector: &Collector, since: i64, timeout: Duration) -> Option<i64> {
