@@ -89,7 +89,7 @@ impl Ingest {
                     _ => break,
                 }
             }
-            if !self.process(&side, batch, &shutdown).await? {
+            if !self.process(&channel, &side, batch, &shutdown).await? {
                 break;
             }
         }
@@ -106,10 +106,12 @@ impl Ingest {
         Ok(())
     }
 
-    /// Applies a batch and acks it. `Ok(false)`: shutdown came while Redis was
-    /// unreachable; the batch stays unacked and will be redelivered.
+    /// Applies a batch and acks it. `Ok(false)`: shutdown came, or the consumer channel
+    /// closed, while Redis was unreachable; the batch stays unacked and will be
+    /// redelivered.
     async fn process(
         &self,
+        channel: &Channel,
         side: &Channel,
         batch: Vec<Delivery>,
         shutdown: &CancellationToken,
@@ -126,7 +128,10 @@ impl Ingest {
             .iter()
             .any(|d| d.as_ref().is_ok_and(Decoded::needs_now));
         let now = if needs_now {
-            let Some(now) = self.until_done(shutdown, || self.store.server_time()).await else {
+            let Some(now) = self
+                .until_done(shutdown, channel, || self.store.server_time())
+                .await
+            else {
                 return Ok(false);
             };
             now
@@ -142,7 +147,7 @@ impl Ingest {
             .filter_map(|d| d.as_ref().ok().cloned())
             .collect();
         let Some(mut applied) = self
-            .until_done(shutdown, || self.store.apply_commands(&ops))
+            .until_done(shutdown, channel, || self.store.apply_commands(&ops))
             .await
         else {
             return Ok(false);
@@ -193,14 +198,27 @@ impl Ingest {
 
     /// Retries a store call while Redis is unreachable: a command is never acked before
     /// it was applied, so an outage stalls intake instead of losing commands. `None` on
-    /// shutdown.
-    async fn until_done<T, F, Fut>(&self, shutdown: &CancellationToken, mut call: F) -> Option<T>
+    /// shutdown, or once `channel` (the one the batch came on) is closed: the broker has
+    /// taken the batch back and may have given it to another bridge, which may have
+    /// applied it and the commands after it, so applying it here now could undo a later
+    /// delete or replace (found by `tests/chaos.rs`; `tests/faults.rs`,
+    /// `a_bridge_that_lost_its_batch_does_not_apply_it_later`).
+    async fn until_done<T, F, Fut>(
+        &self,
+        shutdown: &CancellationToken,
+        channel: &Channel,
+        mut call: F,
+    ) -> Option<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, StoreError>>,
     {
         let mut backoff = Duration::from_millis(100);
         loop {
+            if !channel.status().connected() {
+                tracing::warn!("commands channel closed while Redis was unavailable; the broker redelivers the batch, it is not applied here");
+                return None;
+            }
             match call().await {
                 Ok(results) => {
                     self.metrics.redis_up.set(1);
