@@ -144,7 +144,7 @@ impl Ingest {
                 if named.iter().any(|earlier| !earlier.is_disjoint(&jobs)) {
                     held = Some((batch, jobs));
                 } else {
-                    in_flight.push_back(self.apply_batch(batch, &epoch, &shutdown));
+                    in_flight.push_back(self.apply_batch(&channel, batch, &epoch, &shutdown));
                     named.push_back(jobs);
                 }
             }
@@ -201,11 +201,12 @@ impl Ingest {
         Ok(())
     }
 
-    /// Decodes and applies a batch; several may run at once. `None`: shutdown came while
-    /// Redis was unreachable, or the session was superseded (fenced); the batch stays
-    /// unacked and is redelivered.
+    /// Decodes and applies a batch; several may run at once. `None`: shutdown came, or
+    /// the consumer channel closed, while Redis was unreachable, or the session was
+    /// superseded (fenced); the batch stays unacked and is redelivered.
     async fn apply_batch(
         &self,
+        channel: &Channel,
         batch: Vec<Delivery>,
         epoch: &Epoch,
         shutdown: &CancellationToken,
@@ -222,7 +223,7 @@ impl Ingest {
             .iter()
             .any(|d| d.as_ref().is_ok_and(Decoded::needs_now));
         let now = if needs_now {
-            self.until_done(shutdown, || self.store.server_time())
+            self.until_done(shutdown, channel, || self.store.server_time())
                 .await?
         } else {
             0
@@ -236,7 +237,7 @@ impl Ingest {
             .filter_map(|d| d.as_ref().ok().cloned())
             .collect();
         let results = self
-            .until_done(shutdown, || self.apply(&ops, epoch))
+            .until_done(shutdown, channel, || self.apply(&ops, epoch))
             .await?;
         if let Some(Err(fenced)) = results
             .iter()
@@ -330,14 +331,27 @@ impl Ingest {
 
     /// Retries a store call while Redis is unreachable: a command is never acked before
     /// it was applied, so an outage stalls intake instead of losing commands. `None` on
-    /// shutdown.
-    async fn until_done<T, F, Fut>(&self, shutdown: &CancellationToken, mut call: F) -> Option<T>
+    /// shutdown, or once `channel` (the one the batch came on) is closed: the broker has
+    /// taken the batch back and may have given it to another bridge, which may have
+    /// applied it and the commands after it, so applying it here now could undo a later
+    /// delete or replace (found by `tests/chaos.rs`; `tests/faults.rs`,
+    /// `a_bridge_that_lost_its_batch_does_not_apply_it_later`).
+    async fn until_done<T, F, Fut>(
+        &self,
+        shutdown: &CancellationToken,
+        channel: &Channel,
+        mut call: F,
+    ) -> Option<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, StoreError>>,
     {
         let mut backoff = Duration::from_millis(100);
         loop {
+            if !channel.status().connected() {
+                tracing::warn!("commands channel closed while Redis was unavailable; the broker redelivers the batch, it is not applied here");
+                return None;
+            }
             match call().await {
                 Ok(results) => {
                     self.metrics.redis_up.set(1);
