@@ -16,30 +16,9 @@ use std::time::{Duration, Instant};
 
 use common::bridge::*;
 use common::faults::*;
-use redisched::config::Config;
 use tokio_util::sync::CancellationToken;
 
 const SECOND: Duration = Duration::from_secs(1);
-
-/// Small windows so that the duplicate bounds are tight; fast failure detection.
-fn fault_config(label: &str) -> Config {
-    let mut config = test_config(label);
-    config.dispatch.ttr_ms = 3_000;
-    config.dispatch.window = 200;
-    config.dispatch.batch = 100;
-    config.ingest.prefetch = 200;
-    config.ingest.batch = 100;
-    config.amqp.heartbeat_secs = 2;
-    config.redis.response_timeout_ms = 1_000;
-    config.redis.connect_timeout_ms = 1_000;
-    config
-}
-
-/// Duplicates one fault may cause: a confirm window of published-but-unreleased jobs
-/// plus a prefetch of applied-but-unacked commands.
-fn dup_bound(config: &Config, faults: usize) -> usize {
-    faults * (config.dispatch.window + usize::from(config.ingest.prefetch))
-}
 
 /// Milliseconds from `since` to the first delivery after it, waiting up to `timeout`.
 async fn recovery_ms(collector: &Collector, since: i64, timeout: Duration) -> Option<i64> {
@@ -472,4 +451,156 @@ async fn sigterm_under_load_exits_zero_and_unconfirmed_jobs_are_redelivered() {
     let report = verify("term", &ledger, &seen);
     assert_promise(&report, dup_bound(&config, 2), &tail(&log, 40));
     assert!(status.success());
+}
+
+/// Two in-process bridges on one commands queue: A (registered first, so the
+/// single-active-consumer queue feeds it) reaches Redis and the broker through proxies,
+/// B directly. For the stale-ingest cases found by `tests/chaos.rs`.
+struct Handover {
+    redis_proxy: Proxy,
+    amqp_proxy: Proxy,
+    broker: Broker,
+    ready: Receiver,
+    replies: Receiver,
+    reply_queue: String,
+    a: Option<InProcess>,
+    b: InProcess,
+    _cleanup: AmqpCleanup,
+    _store: common::TestStore,
+}
+
+impl Handover {
+    async fn start(label: &str) -> Self {
+        init_logging();
+        let redis_proxy = Proxy::start(socket_addr(&common::redis_url())).await;
+        let amqp_proxy = Proxy::start(socket_addr(&common::amqp_url())).await;
+        let config = fault_config(label);
+        let mut behind_proxies = config.clone();
+        behind_proxies.redis.url = redis_proxy.redis_url();
+        behind_proxies.amqp.url = amqp_proxy.amqp_url();
+        let _cleanup = AmqpCleanup {
+            url: common::amqp_url(),
+            config: config.clone(),
+        };
+        let _store = common::TestStore {
+            store: common::test_store_named(&config.redis.prefix).await,
+            prefix: config.redis.prefix.clone(),
+        };
+        let broker = Broker::new(&config).await;
+        let ready = broker.consume_ready("#").await;
+        let reply_queue = common::unique("replies");
+        broker.declare_queue(&reply_queue).await;
+        let replies = broker.consume_queue(&reply_queue).await;
+        let a = InProcess::start(&behind_proxies);
+        tokio::time::sleep(SECOND).await;
+        let b = InProcess::start(&config);
+        tokio::time::sleep(SECOND).await;
+        Self {
+            redis_proxy,
+            amqp_proxy,
+            broker,
+            ready,
+            replies,
+            reply_queue,
+            a: Some(a),
+            b,
+            _cleanup,
+            _store,
+        }
+    }
+
+    /// A command for job `y` on topic `t`, answered on the reply queue.
+    async fn command(&self, headers: &[(&str, lapin::types::AMQPValue)], body: &[u8]) {
+        let props = props("y", headers).with_reply_to(self.reply_queue.as_str().into());
+        self.broker.command("t", props, body).await;
+    }
+
+    async fn put_due_in_4s(&self) {
+        let delay = ("x-delay", lapin::types::AMQPValue::LongLongInt(4_000));
+        self.command(&[delay], b"v1").await;
+    }
+
+    async fn delete(&self) {
+        self.command(&[("x-redisched-op", text("delete"))], b"")
+            .await;
+    }
+
+    /// The bridge answered the put and then the delete (B applied both, in order).
+    async fn assert_put_then_delete_applied(&mut self) {
+        let answers: Vec<String> = self
+            .replies
+            .collect(2, 10 * SECOND)
+            .await
+            .iter()
+            .map(|(_, d)| String::from_utf8_lossy(&d.data).into_owned())
+            .collect();
+        assert!(
+            answers.len() == 2 && answers[1].contains("\"deleted\""),
+            "B applied the redelivered put, then the delete: {answers:?}"
+        );
+    }
+
+    /// Nothing may be delivered once the delete was applied; stops both bridges.
+    async fn assert_nothing_delivered(mut self) {
+        let late = self.ready.drain(8 * SECOND).await;
+        if let Some(a) = self.a.take() {
+            a.stop().await;
+        }
+        self.b.stop().await;
+        assert!(
+            late.is_empty(),
+            "the job was delivered after its delete was applied ({} deliveries)",
+            late.len()
+        );
+    }
+}
+
+/// Found by `tests/chaos.rs` (seed 10050776850473302011, 2026-12-01): a Redis request
+/// that a bridge gave up on can still be applied after the commands that followed it.
+/// A sends the put into a stalled Redis link, its response timeout fires, and it stops
+/// with the batch unacked; B applies the redelivered put and then the delete. When the
+/// link flows again, A's abandoned EVALSHA reaches Redis and stores the put again: the
+/// deleted job is delivered. In a real network the same happens when a partition heals
+/// while the sender's kernel still retransmits the request (also after the process
+/// exited). Fixed by ingest fencing: B's session writes with a newer epoch, so A's late
+/// request is refused (FENCED); it fails without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_ingest_request_does_not_undo_a_later_delete() {
+    let mut case = Handover::start("stale").await;
+    case.redis_proxy.hold();
+    case.put_due_in_4s().await;
+    // A takes the put; its EVALSHA waits in the stalled link; the 1 s timeout fires.
+    tokio::time::sleep(1500 * Duration::from_millis(1)).await;
+    if let Some(a) = case.a.take() {
+        a.stop().await;
+    }
+    case.delete().await;
+    case.assert_put_then_delete_applied().await;
+    // A's abandoned request reaches Redis now.
+    case.redis_proxy.restore();
+    case.assert_nothing_delivered().await;
+}
+
+/// Found by `tests/chaos.rs` (seed 4803213935284930482, 2026-12-01): ingest retried a
+/// batch while Redis was unreachable even after its AMQP connection was gone and the
+/// broker had given the batch to another bridge. A cannot reach Redis, then loses the
+/// broker; B applies the put and the delete; when A reached Redis again, its retry stored
+/// the put once more and the deleted job was delivered. Ingest now gives a batch up when
+/// its channel closes. No stale bytes are involved: the Redis link is cut (connections
+/// refused), not stalled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_that_lost_its_batch_does_not_apply_it_later() {
+    let mut case = Handover::start("lostbatch").await;
+    case.redis_proxy.cut();
+    case.put_due_in_4s().await;
+    tokio::time::sleep(1500 * Duration::from_millis(1)).await;
+    // The broker takes the batch back from A and gives it to B.
+    case.amqp_proxy.cut();
+    case.delete().await;
+    case.assert_put_then_delete_applied().await;
+    // A's retry loop reaches Redis now.
+    case.redis_proxy.restore();
+    tokio::time::sleep(2 * SECOND).await;
+    case.amqp_proxy.restore();
+    case.assert_nothing_delivered().await;
 }

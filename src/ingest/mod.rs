@@ -152,7 +152,7 @@ impl Ingest {
                 if named.iter().any(|earlier| !earlier.is_disjoint(&jobs)) {
                     held = Some((batch, jobs));
                 } else {
-                    in_flight.push_back(self.apply_batch(batch, &epoch, &shutdown));
+                    in_flight.push_back(self.apply_batch(&channel, batch, &epoch, &shutdown));
                     named.push_back(jobs);
                 }
             }
@@ -209,11 +209,12 @@ impl Ingest {
         Ok(())
     }
 
-    /// Decodes and applies a batch; several may run at once. `None`: shutdown came while
-    /// Redis was unreachable, or the session was superseded (fenced); the batch stays
-    /// unacked and is redelivered.
+    /// Decodes and applies a batch; several may run at once. `None`: shutdown came, or
+    /// the consumer channel closed, while Redis was unreachable, or the session was
+    /// superseded (fenced); the batch stays unacked and is redelivered.
     async fn apply_batch(
         &self,
+        channel: &Channel,
         batch: Vec<Delivery>,
         epoch: &Epoch,
         shutdown: &CancellationToken,
@@ -230,7 +231,7 @@ impl Ingest {
             .iter()
             .any(|d| d.as_ref().is_ok_and(Decoded::needs_now));
         let now = if needs_now {
-            self.until_done(shutdown, || self.store.server_time())
+            self.until_done(shutdown, channel, || self.store.server_time())
                 .await?
         } else {
             0
@@ -245,7 +246,7 @@ impl Ingest {
             .collect();
         let sent = Instant::now();
         let (results, replication) = self
-            .until_done(shutdown, || self.apply(&ops, epoch))
+            .until_done(shutdown, channel, || self.apply(&ops, epoch))
             .await?;
         if let Some(fenced) = first_fenced(&results) {
             // Another bridge took over these commands' topics (our deliveries went back
@@ -255,7 +256,7 @@ impl Ingest {
             return None;
         }
         if !self
-            .until_replicated(&ops, epoch, replication, sent, shutdown)
+            .until_replicated(channel, &ops, epoch, replication, sent, shutdown)
             .await
         {
             return None;
@@ -343,14 +344,27 @@ impl Ingest {
 
     /// Retries a store call while Redis is unreachable: a command is never acked before
     /// it was applied, so an outage stalls intake instead of losing commands. `None` on
-    /// shutdown.
-    async fn until_done<T, F, Fut>(&self, shutdown: &CancellationToken, mut call: F) -> Option<T>
+    /// shutdown, or once `channel` (the one the batch came on) is closed: the broker has
+    /// taken the batch back and may have given it to another bridge, which may have
+    /// applied it and the commands after it, so applying it here now could undo a later
+    /// delete or replace (found by `tests/chaos.rs`; `tests/faults.rs`,
+    /// `a_bridge_that_lost_its_batch_does_not_apply_it_later`).
+    async fn until_done<T, F, Fut>(
+        &self,
+        shutdown: &CancellationToken,
+        channel: &Channel,
+        mut call: F,
+    ) -> Option<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, StoreError>>,
     {
         let mut backoff = Duration::from_millis(100);
         loop {
+            if !channel.status().connected() {
+                tracing::warn!("commands channel closed while Redis was unavailable; the broker redelivers the batch, it is not applied here");
+                return None;
+            }
             match call().await {
                 Ok(results) => {
                     self.metrics.redis_up.set(1);
@@ -379,10 +393,12 @@ impl Ingest {
     /// `redis.wait_timeout_ms`), and applies the batch again, in order, when the
     /// connection that wrote it was replaced (the outcomes of the first application stand).
     /// Never nacks: a requeued command counts towards the queue's delivery limit and
-    /// would be dead-lettered while valid. `false` on shutdown, or when the re-applied
+    /// would be dead-lettered while valid. `false` on shutdown, once `channel` closed (the
+    /// broker took the batch back: see [`Ingest::until_done`]), or when the re-applied
     /// batch was fenced: the batch stays unacked and is redelivered.
     async fn until_replicated(
         &self,
+        channel: &Channel,
         commands: &[Command],
         epoch: &Epoch,
         mut replication: Replication,
@@ -433,11 +449,11 @@ impl Ingest {
             pause = (pause * 2).min(Duration::from_secs(1));
             let next = match &mark {
                 Some(mark) => {
-                    self.until_done(shutdown, || self.store.wait_durable(mark))
+                    self.until_done(shutdown, channel, || self.store.wait_durable(mark))
                         .await
                 }
                 None => match self
-                    .until_done(shutdown, || self.apply(commands, epoch))
+                    .until_done(shutdown, channel, || self.apply(commands, epoch))
                     .await
                 {
                     Some((results, _)) if first_fenced(&results).is_some() => {

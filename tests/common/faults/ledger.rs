@@ -235,10 +235,17 @@ pub struct Seen {
     pub id: String,
     pub due_at: Option<i64>,
     pub redelivered: bool,
+    /// The routing key (a job's topic).
+    pub topic: String,
+    /// The body, lossily decoded (tests put text there).
+    pub body: String,
+    /// Set on a `reply_to` answer: the command's `correlation_id`.
+    pub correlation_id: Option<String>,
 }
 
 /// Consumes the ready exchange (`#`) through a durable queue, so deliveries survive a
-/// broker restart; reconnects on its own.
+/// broker restart; reconnects on its own. [`Collector::start_replies`] consumes a
+/// durable queue that commands name in `reply_to` instead.
 pub struct Collector {
     pub seen: Arc<Mutex<Vec<Seen>>>,
     url: String,
@@ -249,14 +256,32 @@ pub struct Collector {
 
 impl Collector {
     pub async fn start(url: &str, config: &Config) -> Self {
-        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let queue = format!("{}.collector", config.redis.prefix);
+        Self::start_on(url, config, queue, true).await
+    }
+
+    /// Collects the bridge's `reply_to` answers from the durable queue
+    /// `<prefix>.replies` (reached through the default exchange, so no binding), which
+    /// outlives the collector's connections and a broker restart.
+    pub async fn start_replies(url: &str, config: &Config) -> Self {
+        let queue = Self::replies_queue(config);
+        Self::start_on(url, config, queue, false).await
+    }
+
+    /// The queue name to put in a command's `reply_to` for [`Collector::start_replies`].
+    pub fn replies_queue(config: &Config) -> String {
+        format!("{}.replies", config.redis.prefix)
+    }
+
+    async fn start_on(url: &str, config: &Config, queue: String, bind_ready: bool) -> Self {
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let stop = CancellationToken::new();
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(collect(
             url.to_string(),
             config.clone(),
             queue.clone(),
+            bind_ready,
             seen.clone(),
             stop.clone(),
             ready_tx,
@@ -348,6 +373,7 @@ async fn collect(
     url: String,
     config: Config,
     queue: String,
+    bind_ready: bool,
     seen: Arc<Mutex<Vec<Seen>>>,
     stop: CancellationToken,
     ready: tokio::sync::oneshot::Sender<()>,
@@ -365,15 +391,17 @@ async fn collect(
             channel
                 .queue_declare(queue.as_str().into(), durable, FieldTable::default())
                 .await?;
-            channel
-                .queue_bind(
-                    queue.as_str().into(),
-                    config.amqp.ready_exchange.as_str().into(),
-                    "#".into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await?;
+            if bind_ready {
+                channel
+                    .queue_bind(
+                        queue.as_str().into(),
+                        config.amqp.ready_exchange.as_str().into(),
+                        "#".into(),
+                        QueueBindOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await?;
+            }
             channel.basic_qos(2_000, BasicQosOptions::default()).await?;
             let consumer = channel
                 .basic_consume(
@@ -407,6 +435,13 @@ async fn collect(
                 id: message_id(&delivery),
                 due_at: header_i64(&delivery, "x-redisched-due-at"),
                 redelivered: delivery.redelivered,
+                topic: delivery.routing_key.to_string(),
+                body: String::from_utf8_lossy(&delivery.data).into_owned(),
+                correlation_id: delivery
+                    .properties
+                    .correlation_id()
+                    .as_ref()
+                    .map(|c| c.to_string()),
             });
             // A lost ack only means the broker redelivers (flagged `redelivered`).
             let _ = delivery.ack(BasicAckOptions::default()).await;

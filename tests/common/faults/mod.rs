@@ -1,8 +1,8 @@
-//! Fault injection for `tests/faults.rs`, without touching the shared services:
-//! [`services`] (a private `redis-server` and RabbitMQ node the test owns), [`proxy`]
-//! (a TCP proxy that cuts or hangs connections) and [`ledger`] (the load, what the broker
-//! confirmed, what was delivered, and the verdict), plus bridges as child processes and
-//! cleanup here.
+//! Fault injection for `tests/faults.rs` and `tests/chaos.rs`, without touching the
+//! shared services: [`services`] (a private `redis-server` and RabbitMQ node the test
+//! owns), [`proxy`] (a TCP proxy that cuts or hangs connections) and [`ledger`] (the
+//! load, what the broker confirmed, what was delivered, and the verdict), plus the
+//! fault tests' bridge settings, bridges as child processes and cleanup here.
 
 mod ledger;
 mod proxy;
@@ -20,7 +20,27 @@ use lapin::options::*;
 use lapin::{Channel, Connection, ConnectionProperties};
 use redisched::config::Config;
 
-use super::bridge::ChildBridge;
+use super::bridge::{test_config, ChildBridge};
+
+/// Small windows so that the duplicate bounds are tight; fast failure detection.
+pub fn fault_config(label: &str) -> Config {
+    let mut config = test_config(label);
+    config.dispatch.ttr_ms = 3_000;
+    config.dispatch.window = 200;
+    config.dispatch.batch = 100;
+    config.ingest.prefetch = 200;
+    config.ingest.batch = 100;
+    config.amqp.heartbeat_secs = 2;
+    config.redis.response_timeout_ms = 1_000;
+    config.redis.connect_timeout_ms = 1_000;
+    config
+}
+
+/// Duplicates one fault may cause (README, *Guarantees*): a confirm window of
+/// published-but-unreleased jobs plus a prefetch of applied-but-unacked commands.
+pub fn dup_bound(config: &Config, faults: usize) -> usize {
+    faults * (config.dispatch.window + usize::from(config.ingest.prefetch))
+}
 
 /// A `redisched run` child with every setting of `config`, logging to `log`.
 pub fn spawn_bridge(config: &Config, log: &Path) -> ChildBridge {
