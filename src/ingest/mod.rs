@@ -372,7 +372,10 @@ impl Ingest {
                 }
                 Err(err) => {
                     self.metrics.redis_up.set(0);
-                    let level_error = !matches!(err, StoreError::Unavailable(_));
+                    let level_error = !matches!(
+                        err,
+                        StoreError::Unavailable(_) | StoreError::NotReplicated { .. }
+                    );
                     if level_error {
                         tracing::error!(error = %err, "store failed a command batch; retrying");
                     } else {

@@ -49,11 +49,22 @@ impl Store {
         self.apply_any(commands, Some(epoch)).await
     }
 
-    /// A new ingest epoch, greater than every one handed out before.
+    /// A new ingest epoch, greater than every one handed out before. With durability
+    /// set, the increment waits for the replicas like any write
+    /// ([`StoreError::NotReplicated`] when they fall short): a counter lost at a failover
+    /// could hand the same epoch to two sessions, and fencing could not tell them apart.
     pub async fn next_ingest_epoch(&self) -> Result<u64, StoreError> {
         let mut incr = redis::cmd("INCR");
         incr.arg(self.keys.ingest_epoch());
-        self.exec.query(&incr).await
+        let Some(want) = self.durability else {
+            return self.exec.query(&incr).await;
+        };
+        let (mut replies, acks) = self.exec.run_waiting(&[Call::global(incr)], &want).await?;
+        self.demand(judge(want, acks))?;
+        let value = replies
+            .pop()
+            .ok_or_else(|| StoreError::bad_reply("redis", "INCR got no reply"))??;
+        redis::from_redis_value(value).map_err(|e| StoreError::bad_reply("redis", e.to_string()))
     }
 
     /// With durability set, fails with [`StoreError::NotReplicated`] when the replicas
