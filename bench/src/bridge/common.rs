@@ -379,7 +379,8 @@ pub async fn load_jobs(
 }
 
 /// Publishes `count` messages with confirms, at most `window` unconfirmed; `make(n)`
-/// gives routing key, properties and body. Returns when all are confirmed.
+/// gives routing key, properties and body. Returns when all are confirmed. An empty
+/// `label` prints no progress (publishers running side by side).
 pub async fn publish_confirmed<F>(
     channel: &Channel,
     exchange: &str,
@@ -428,7 +429,7 @@ where
             .await
             .context("publish")?;
         let _ = tx.send((confirm, permit));
-        if ticker.due() {
+        if ticker.due() && !label.is_empty() {
             progress(label, n, count, started);
         }
     }
@@ -437,7 +438,9 @@ where
     if refused > 0 {
         bail!("{refused} publishes were not confirmed (nack or unroutable)");
     }
-    progress_done(label, count, started);
+    if !label.is_empty() {
+        progress_done(label, count, started);
+    }
     Ok(started.elapsed())
 }
 
