@@ -289,6 +289,19 @@ pub async fn queue_depth(channel: &Channel, queue: &str) -> Result<u32> {
         .with_context(|| format!("inspect queue {queue}"))
 }
 
+/// Consumers of a queue (passive declare).
+pub async fn queue_consumers(channel: &Channel, queue: &str) -> Result<u32> {
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let declared = channel
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await
+        .with_context(|| format!("inspect queue {queue}"))?;
+    Ok(declared.consumer_count())
+}
+
 /// What a run created, deleted at the end (also after a failure).
 pub struct Cleanup {
     pub amqp_url: String,
@@ -481,6 +494,7 @@ pub struct CommandRoute {
 /// What a paced producer did.
 #[derive(Clone, Copy, Debug)]
 pub struct Paced {
+    pub sent: u64,
     pub achieved_rate: f64,
     /// The most messages it was behind its schedule (0 = kept pace).
     pub behind_max: u64,
@@ -558,6 +572,7 @@ pub async fn publish_paced(
         bail!("{refused} commands were not confirmed by the broker");
     }
     Ok(Paced {
+        sent,
         achieved_rate: sent as f64 / publish_secs.max(1e-9),
         behind_max,
     })
@@ -604,6 +619,7 @@ pub fn producer_clock_headers(delay_ms: i64) -> [(&'static str, AMQPValue); 2] {
 pub struct Arrival {
     pub at_us: i64,
     pub due_at_ms: Option<i64>,
+    pub published_us: Option<i64>,
     pub producer_due_us: Option<i64>,
 }
 
@@ -673,6 +689,7 @@ pub async fn sink(connection: &Connection, queue: &str, record: bool) -> Result<
                 let arrival = Arrival {
                     at_us,
                     due_at_ms: int_header(props, redisched::amqp::headers::DUE_AT),
+                    published_us: int_header(props, PUBLISHED_US_HEADER),
                     producer_due_us: int_header(props, PRODUCER_DUE_US_HEADER),
                 };
                 if tx.send(arrival).is_err() {

@@ -15,6 +15,7 @@
 //! prefix (`bench-<scenario>-<pid>-…`) and deletes them at the end, also on failure.
 
 mod cancel;
+mod catchup;
 mod chart;
 pub(crate) mod common;
 mod dispatch;
@@ -43,6 +44,9 @@ pub enum BridgeCommand {
     Precision(Box<RunArgs>),
     /// Deletes by id per second through the Lua script and through AMQP.
     Cancel(Box<RunArgs>),
+    /// Catch-up after an outage: N jobs due at once, drained beside the dispatch ceiling,
+    /// while an on-time topic (150 jobs/s, delays 0-2 s) keeps its lateness (fairness).
+    Catchup(Box<RunArgs>),
     /// BullMQ on the same Redis (needs `npm ci --prefix bench/peer`).
     Peer(Box<RunArgs>),
     /// Everything (store included): one table, `artifacts/bench.json`, `artifacts/bench.svg`.
@@ -75,7 +79,14 @@ pub struct RunArgs {
     /// Random delays are 0..=this many ms [default: 10000; quick 2000].
     #[arg(long)]
     pub max_delay_ms: Option<u64>,
-    /// Confirm window of the bridge and of the ceiling publisher (dispatch).
+    /// Jobs all due at once in the catchup scenario (about 430 MB of Redis per 1,000,000
+    /// at 200-byte bodies; checked before loading) [default: 1000000; quick 20000].
+    #[arg(long)]
+    pub catchup_jobs: Option<u64>,
+    /// Topics the catchup backlog is spread over, evenly.
+    #[arg(long, default_value_t = 1)]
+    pub catchup_topics: usize,
+    /// Confirm window of the bridge and of the ceiling publishers (dispatch, catchup).
     #[arg(long, default_value_t = 1000)]
     pub window: usize,
     /// Bridge processes dispatching together (dispatch); CPU and RSS are the first's.
@@ -88,7 +99,7 @@ pub struct RunArgs {
     /// Bridge passes per history side in the dispatch scenario (medians need >= 3).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// Body size of dispatched and ingested jobs.
+    /// Body size of dispatched, ingested and caught-up jobs.
     #[arg(long, default_value_t = 200)]
     pub body_bytes: usize,
     /// Delayed jobs BullMQ adds and removes for its add/remove/memory figures
@@ -164,6 +175,14 @@ impl RunArgs {
             body_bytes: self.body_bytes,
         }
     }
+    fn catchup(&self) -> catchup::Params {
+        catchup::Params {
+            jobs: self.pick(&self.catchup_jobs, 1_000_000, 20_000),
+            topics: self.catchup_topics.max(1),
+            body_bytes: self.body_bytes,
+            window: self.window,
+        }
+    }
     fn peer(&self) -> peer::Params {
         peer::Params {
             jobs: self.pick(&self.peer_jobs, 100_000, 5_000),
@@ -197,6 +216,7 @@ where
         BridgeCommand::Ingest(a) => ("ingest", a),
         BridgeCommand::Precision(a) => ("precision", a),
         BridgeCommand::Cancel(a) => ("cancel", a),
+        BridgeCommand::Catchup(a) => ("catchup", a),
         BridgeCommand::Peer(a) => ("peer", a),
         BridgeCommand::All(a) => ("all", a),
     };
@@ -228,6 +248,9 @@ where
             report["precision"] = precision::run(&a.env()?, &a.precision()).await?
         }
         BridgeCommand::Cancel(a) => report["cancel"] = cancel::run(&a.env()?, &a.cancel()).await?,
+        BridgeCommand::Catchup(a) => {
+            report["catchup"] = catchup::run(&a.env()?, &a.catchup()).await?
+        }
         BridgeCommand::Peer(a) => report["peer"] = peer::run(&a.peer()).await?,
         BridgeCommand::All(a) => {
             let env = a.env()?;
@@ -246,6 +269,7 @@ where
             report["ingest"] = ingest::run(&env, ingest::Kind::Put, &a.ingest()).await?;
             report["precision"] = precision::run(&env, &a.precision()).await?;
             report["cancel"] = cancel::run(&env, &a.cancel()).await?;
+            report["catchup"] = catchup::run(&env, &a.catchup()).await?;
             if !a.no_peer {
                 match peer::run(&a.peer()).await {
                     Ok(peer) => report["peer"] = peer,
