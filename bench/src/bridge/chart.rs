@@ -1,4 +1,5 @@
-//! The SVG chart: lateness distribution per rate (redisched and BullMQ) on top,
+//! The SVG chart: lateness distribution per rate (redisched vs due-at and vs the
+//! producer's clock, and BullMQ) on top,
 //! dispatch and ingest throughput over time (bridge beside its ceiling) below.
 
 use std::path::Path;
@@ -32,8 +33,12 @@ pub fn draw(report: &Value, path: &Path) -> Result<()> {
         .flatten()
     {
         lateness.push((
-            format!("redisched {}/s", rate["rate_per_s"]),
+            format!("redisched {}/s, vs due-at", rate["rate_per_s"]),
             points(&rate["cdf"]),
+        ));
+        lateness.push((
+            format!("redisched {}/s, vs producer clock", rate["rate_per_s"]),
+            points(&rate["cdf_producer_clock"]),
         ));
     }
     for rate in report["peer"]["rates"].as_array().into_iter().flatten() {

@@ -220,6 +220,17 @@ pub async fn durable_queue(
     exchange: &str,
     args: FieldTable,
 ) -> Result<()> {
+    bound_queue(channel, queue, exchange, "#", args).await
+}
+
+/// A durable queue bound to `exchange` with `binding_key` only (a topic pattern).
+pub async fn bound_queue(
+    channel: &Channel,
+    queue: &str,
+    exchange: &str,
+    binding_key: &str,
+    args: FieldTable,
+) -> Result<()> {
     channel
         .queue_declare(
             queue.into(),
@@ -235,13 +246,27 @@ pub async fn durable_queue(
         .queue_bind(
             queue.into(),
             exchange.into(),
-            "#".into(),
+            binding_key.into(),
             QueueBindOptions::default(),
             FieldTable::default(),
         )
         .await
         .with_context(|| format!("bind queue {queue}"))?;
     Ok(())
+}
+
+/// The arguments of the bridge's commands queue that shape its speed (single active
+/// consumer, and quorum when `amqp.quorum_queues`), for queues that stand in for it.
+pub fn commands_queue_args(amqp: &redisched::config::AmqpConfig) -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+    if amqp.quorum_queues {
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+    }
+    args
 }
 
 pub async fn declare_exchange(channel: &Channel, exchange: &str) -> Result<()> {
@@ -262,6 +287,19 @@ pub async fn queue_depth(channel: &Channel, queue: &str) -> Result<u32> {
     redisched_testkit::queue_depth(channel, queue)
         .await
         .with_context(|| format!("inspect queue {queue}"))
+}
+
+/// Consumers of a queue (passive declare).
+pub async fn queue_consumers(channel: &Channel, queue: &str) -> Result<u32> {
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let declared = channel
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await
+        .with_context(|| format!("inspect queue {queue}"))?;
+    Ok(declared.consumer_count())
 }
 
 /// What a run created, deleted at the end (also after a failure).
@@ -379,7 +417,8 @@ pub async fn load_jobs(
 }
 
 /// Publishes `count` messages with confirms, at most `window` unconfirmed; `make(n)`
-/// gives routing key, properties and body. Returns when all are confirmed.
+/// gives routing key, properties and body. Returns when all are confirmed. An empty
+/// `label` prints no progress (publishers running side by side).
 pub async fn publish_confirmed<F>(
     channel: &Channel,
     exchange: &str,
@@ -428,7 +467,7 @@ where
             .await
             .context("publish")?;
         let _ = tx.send((confirm, permit));
-        if ticker.due() {
+        if ticker.due() && !label.is_empty() {
             progress(label, n, count, started);
         }
     }
@@ -437,8 +476,106 @@ where
     if refused > 0 {
         bail!("{refused} publishes were not confirmed (nack or unroutable)");
     }
-    progress_done(label, count, started);
+    if !label.is_empty() {
+        progress_done(label, count, started);
+    }
     Ok(started.elapsed())
+}
+
+/// Where a paced producer publishes its put commands, and how it names them.
+#[derive(Clone, Debug)]
+pub struct CommandRoute {
+    pub exchange: String,
+    pub routing_key: String,
+    /// Message ids are `<id_prefix>-<n>`, n counting from 0.
+    pub id_prefix: String,
+}
+
+/// What a paced producer did.
+#[derive(Clone, Copy, Debug)]
+pub struct Paced {
+    pub sent: u64,
+    pub achieved_rate: f64,
+    /// The most messages it was behind its schedule (0 = kept pace).
+    pub behind_max: u64,
+}
+
+/// Unconfirmed commands a paced producer allows before it waits.
+const PACED_WINDOW: usize = 5000;
+
+/// Publishes put commands at `rate`/s, one per item of `delays` (its `x-delay`, ms),
+/// until they run out or `stop` is set: every 5 ms it catches up with rate × elapsed.
+/// Each carries the producer-clock headers, is persistent and confirmed. An empty
+/// `label` prints no progress.
+pub async fn publish_paced(
+    channel: &Channel,
+    route: &CommandRoute,
+    rate: u64,
+    mut delays: impl Iterator<Item = i64>,
+    body: &[u8],
+    stop: &std::sync::atomic::AtomicBool,
+    label: &str,
+) -> Result<Paced> {
+    let window = Arc::new(Semaphore::new(PACED_WINDOW));
+    let (tx, mut rx) =
+        mpsc::unbounded_channel::<(lapin::PublisherConfirm, tokio::sync::OwnedSemaphorePermit)>();
+    let confirmer = tokio::spawn(async move {
+        let mut refused = 0u64;
+        while let Some((confirm, _permit)) = rx.recv().await {
+            if !matches!(confirm.await, Ok(lapin::Confirmation::Ack(None))) {
+                refused += 1;
+            }
+        }
+        refused
+    });
+    let started = Instant::now();
+    let mut sent = 0u64;
+    let mut behind_max = 0u64;
+    let mut ticker = Ticker::new();
+    'pacing: while !stop.load(Ordering::Relaxed) {
+        let should = (started.elapsed().as_secs_f64() * rate as f64) as u64;
+        behind_max = behind_max.max(should.saturating_sub(sent));
+        while sent < should {
+            let Some(delay) = delays.next() else {
+                break 'pacing;
+            };
+            let permit = window.clone().acquire_owned().await?;
+            let mut headers = vec![(
+                redisched::amqp::headers::DELAY,
+                AMQPValue::LongLongInt(delay),
+            )];
+            // The clock is read last: the producer's instant is this publish call's.
+            headers.extend(producer_clock_headers(delay));
+            let props = command_props(&format!("{}-{sent:010}", route.id_prefix), &headers);
+            let confirm = channel
+                .basic_publish(
+                    route.exchange.as_str().into(),
+                    route.routing_key.as_str().into(),
+                    BasicPublishOptions::default(),
+                    body,
+                    props,
+                )
+                .await
+                .context("publish a command")?;
+            let _ = tx.send((confirm, permit));
+            sent += 1;
+        }
+        if ticker.due() && !label.is_empty() {
+            eprint!("\r  {label}: published {sent}      ");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(tx);
+    let publish_secs = started.elapsed().as_secs_f64();
+    let refused = confirmer.await?;
+    if refused > 0 {
+        bail!("{refused} commands were not confirmed by the broker");
+    }
+    Ok(Paced {
+        sent,
+        achieved_rate: sent as f64 / publish_secs.max(1e-9),
+        behind_max,
+    })
 }
 
 /// A put command as the wire contract defines it.
@@ -457,11 +594,56 @@ pub fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s))
 }
 
-/// One delivery seen by a sink: arrival (epoch µs) and `x-redisched-due-at` if present.
+/// The bench's own headers on the jobs whose lateness it measures: the producer's clock
+/// (epoch µs) when it published the command, and when it wants the job (that instant +
+/// `x-delay`). They are not `x-redisched-*` headers, so the bridge stores and forwards
+/// them like any application header and they come back on the delivered job.
+pub const PUBLISHED_US_HEADER: &str = "x-bench-published-us";
+pub const PRODUCER_DUE_US_HEADER: &str = "x-bench-producer-due-us";
+
+/// The producer-clock headers of a command published now with `delay_ms`.
+pub fn producer_clock_headers(delay_ms: i64) -> [(&'static str, AMQPValue); 2] {
+    let published_us = now_us();
+    [
+        (PUBLISHED_US_HEADER, AMQPValue::LongLongInt(published_us)),
+        (
+            PRODUCER_DUE_US_HEADER,
+            AMQPValue::LongLongInt(published_us + delay_ms * 1000),
+        ),
+    ]
+}
+
+/// One delivery seen by a sink: arrival (epoch µs), `x-redisched-due-at` and the
+/// producer-clock headers, each if present.
 #[derive(Clone, Copy, Debug)]
 pub struct Arrival {
     pub at_us: i64,
     pub due_at_ms: Option<i64>,
+    pub published_us: Option<i64>,
+    pub producer_due_us: Option<i64>,
+}
+
+impl Arrival {
+    /// Lateness in ms against `x-redisched-due-at` (the due time the bridge computed).
+    pub fn vs_due_at_ms(&self) -> Option<f64> {
+        Some(self.at_us as f64 / 1000.0 - self.due_at_ms? as f64)
+    }
+
+    /// Lateness in ms against the producer's clock: publish instant + `x-delay`.
+    pub fn vs_producer_ms(&self) -> Option<f64> {
+        Some((self.at_us - self.producer_due_us?) as f64 / 1000.0)
+    }
+}
+
+/// An integer header (any AMQP integer width).
+pub fn int_header(properties: &BasicProperties, name: &str) -> Option<i64> {
+    match properties.headers().as_ref()?.inner().get(name)? {
+        AMQPValue::LongLongInt(v) => Some(*v),
+        AMQPValue::LongInt(v) => Some(i64::from(*v)),
+        AMQPValue::LongUInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortInt(v) => Some(i64::from(*v)),
+        _ => None,
+    }
 }
 
 /// A consumer (auto-ack, prefetch 2,000) counting deliveries and, if `record`, sending
@@ -503,17 +685,14 @@ pub async fn sink(connection: &Connection, queue: &str, record: bool) -> Result<
             let at_us = now_us();
             counter.fetch_add(1, Ordering::Relaxed);
             if record {
-                let due_at_ms = delivery
-                    .properties
-                    .headers()
-                    .as_ref()
-                    .and_then(|h| h.inner().get(redisched::amqp::headers::DUE_AT).cloned())
-                    .and_then(|v| match v {
-                        AMQPValue::LongLongInt(v) => Some(v),
-                        AMQPValue::LongInt(v) => Some(i64::from(v)),
-                        _ => None,
-                    });
-                if tx.send(Arrival { at_us, due_at_ms }).is_err() {
+                let props = &delivery.properties;
+                let arrival = Arrival {
+                    at_us,
+                    due_at_ms: int_header(props, redisched::amqp::headers::DUE_AT),
+                    published_us: int_header(props, PUBLISHED_US_HEADER),
+                    producer_due_us: int_header(props, PRODUCER_DUE_US_HEADER),
+                };
+                if tx.send(arrival).is_err() {
                     break;
                 }
             }

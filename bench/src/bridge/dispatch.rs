@@ -4,7 +4,14 @@
 //! releases them; timed from the bridge's start until the store is empty and a consumer
 //! on the ready exchange got all N. Ceiling, same run: a plain lapin publisher with
 //! confirms, same message (size, persistence, headers, `mandatory`), same window, to a
-//! durable queue drained by the same consumer.
+//! durable queue drained by the same consumer (before and after the bridge, averaged).
+//!
+//! Beside it, the **best publisher**: the broker's best confirmed persistent publish
+//! rate with any number of publishers, the physical limit of this machine. The same N
+//! messages split over 2, 4 and 8 publishers, each on its own connection and channel
+//! with its own window (the bridge's), into the same queue and consumer; the
+//! one-publisher figure is the ceiling's run before the bridge. The best of them, and
+//! how many publishers gave it, is reported with the bridge's ratio to it.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -37,8 +44,7 @@ pub async fn run(env: &Env, params: &Params) -> Result<Value> {
     config.dispatch.window = params.window;
     let name = config.redis.prefix.clone();
     let mut cleanup = Cleanup::for_config(&config);
-    cleanup.exchanges.push(format!("{name}.ceiling"));
-    cleanup.queues.push(format!("{name}.ceiling.sink"));
+    CeilingPath::clean_up(&mut cleanup, &name);
     cleanup.queues.push(format!("{name}.sink"));
     eprintln!(
         "dispatch: {} jobs of {} bytes (names {name}.*)",
@@ -68,29 +74,14 @@ async fn measure(
         FieldTable::default(),
     )
     .await?;
-    let ceiling_exchange = format!("{name}.ceiling");
-    let ceiling_queue = format!("{name}.ceiling.sink");
-    common::declare_exchange(&setup, &ceiling_exchange).await?;
-    common::durable_queue(
-        &setup,
-        &ceiling_queue,
-        &ceiling_exchange,
-        FieldTable::default(),
-    )
-    .await?;
-
     // Ceiling: what the broker takes from a confirmed publisher like the bridge,
     // measured before and after the bridge (the machine is shared: both count).
     let body = common::body(params.body_bytes);
-    let (before, ceiling_series) = ceiling(
-        &connection,
-        &ceiling_exchange,
-        &ceiling_queue,
-        n,
-        window,
-        &body,
-    )
-    .await?;
+    let ceiling = CeilingPath::declare(&setup, name, window, &body).await?;
+    let (before, ceiling_series) = ceiling.measure(&connection, n).await?;
+    let best = ceiling
+        .best_publisher(&env.amqp_url, &connection, n, before.rate)
+        .await?;
 
     // The bridge: `runs` passes per history side, alternating (History::order).
     let store = common::store(config).await?;
@@ -162,15 +153,7 @@ async fn measure(
         }
     }
     let load_after = common::load_average();
-    let (after, _) = ceiling(
-        &connection,
-        &ceiling_exchange,
-        &ceiling_queue,
-        n,
-        window,
-        &body,
-    )
-    .await?;
+    let (after, _) = ceiling.measure(&connection, n).await?;
     let ceiling_rate = (before.rate + after.rate) / 2.0;
     let _ = connection.close(200, "bye".into()).await;
     // The detailed figures (series, CPU, RSS) are those of the median pass with the
@@ -189,9 +172,13 @@ async fn measure(
     let shown = *of_side.get(of_side.len() / 2).context("no bridge pass")?;
     let bridge_rate = shown.rate;
     let ratio = common::ratio(bridge_rate, ceiling_rate);
+    let ratio_to_best = common::ratio(bridge_rate, best.rate);
     eprintln!(
-        "  bridge: {bridge_rate:.0} jobs/s ({:.0}% of ceiling), RSS peak {} KiB",
+        "  bridge: {bridge_rate:.0} jobs/s ({:.0}% of the one-publisher ceiling, {:.0}% of the best publisher: {} publishers, {:.0}/s), RSS peak {} KiB",
         ratio * 100.0,
+        ratio_to_best * 100.0,
+        best.publishers,
+        best.rate,
         shown.rss_peak.unwrap_or(0)
     );
     let history = history_summary(&passes, ceiling_rate, params, load_before, load_after);
@@ -219,7 +206,15 @@ async fn measure(
             "cpu_per_msg": [before.cpu, after.cpu],
             "series": ceiling_series.to_json(),
         },
+        "best_publisher": {
+            "what": "the same n messages split over k publishers, each its own connection, channel and window, same queue and consumer; k = 1 is the ceiling's run before the bridge; the best k is kept",
+            "msgs_per_s": best.rate.round(),
+            "publishers": best.publishers,
+            "window_per_publisher": window,
+            "trials": best.trials,
+        },
         "ratio": common::round2(ratio),
+        "ratio_to_best_publisher": common::round2(ratio_to_best),
         "target_ratio": 0.8,
         "bridge_rss_kib": { "peak_while_dispatching": shown.rss_peak, "idle_after": shown.rss_idle },
         "history": history,
@@ -388,50 +383,166 @@ fn history_summary(
     })
 }
 
-struct Ceiling {
-    rate: f64,
-    publish_only_rate: f64,
-    cpu: Value,
+/// The ceiling's own exchange and durable queue (`<name>.ceiling`,
+/// `<name>.ceiling.sink`), and the message body and window it publishes with.
+pub(super) struct CeilingPath {
+    exchange: String,
+    queue: String,
+    window: usize,
+    body: Vec<u8>,
 }
 
-async fn ceiling(
-    connection: &lapin::Connection,
-    exchange: &str,
-    queue: &str,
-    n: u64,
-    window: usize,
-    body: &[u8],
-) -> Result<(Ceiling, Series)> {
-    let sink = common::sink(connection, queue, false).await?;
-    let publisher = connection.create_channel().await?;
-    let mark = common::CpuMark::now();
-    let started = Instant::now();
-    let publish = common::publish_confirmed(
-        &publisher,
-        exchange,
-        n,
-        window,
-        "ceiling: confirmed publish",
-        |i| ("bench".to_string(), ready_like_props(i), body.to_vec()),
-    );
-    let watch = watch_sink(&sink, n, started, Duration::from_secs(600), None);
-    let (published, watched) = tokio::join!(publish, watch);
-    let published = published?;
-    let (consumed, series, _, _) = watched?;
-    let cpu = mark.per_item(n, None);
-    let _ = publisher.close(200, "done".into()).await;
-    sink.stop().await;
-    let rate = common::per_sec(n, published.max(consumed));
-    let publish_only_rate = common::per_sec(n, published);
-    eprintln!("  ceiling: {rate:.0} msg/s published+confirmed+consumed ({publish_only_rate:.0}/s confirmed)");
-    Ok((
-        Ceiling {
-            rate,
-            publish_only_rate,
-            cpu,
-        },
-        series,
-    ))
+impl CeilingPath {
+    fn names(name: &str) -> (String, String) {
+        (format!("{name}.ceiling"), format!("{name}.ceiling.sink"))
+    }
+
+    /// Registers the ceiling's exchange and queue of run `name` for deletion.
+    pub(super) fn clean_up(cleanup: &mut Cleanup, name: &str) {
+        let (exchange, queue) = Self::names(name);
+        cleanup.exchanges.push(exchange);
+        cleanup.queues.push(queue);
+    }
+
+    pub(super) async fn declare(
+        setup: &lapin::Channel,
+        name: &str,
+        window: usize,
+        body: &[u8],
+    ) -> Result<Self> {
+        let (exchange, queue) = Self::names(name);
+        common::declare_exchange(setup, &exchange).await?;
+        common::durable_queue(setup, &queue, &exchange, FieldTable::default()).await?;
+        Ok(Self {
+            exchange,
+            queue,
+            window,
+            body: body.to_vec(),
+        })
+    }
+
+    /// One plain confirmed publisher: `n` messages like the bridge's, published and
+    /// consumed; the rate counts until both are done.
+    pub(super) async fn measure(
+        &self,
+        connection: &lapin::Connection,
+        n: u64,
+    ) -> Result<(Ceiling, Series)> {
+        let sink = common::sink(connection, &self.queue, false).await?;
+        let publisher = connection.create_channel().await?;
+        let mark = common::CpuMark::now();
+        let started = Instant::now();
+        let publish = common::publish_confirmed(
+            &publisher,
+            &self.exchange,
+            n,
+            self.window,
+            "ceiling: confirmed publish",
+            |i| ("bench".to_string(), ready_like_props(i), self.body.clone()),
+        );
+        let watch = watch_sink(&sink, n, started, Duration::from_secs(600), None);
+        let (published, watched) = tokio::join!(publish, watch);
+        let published = published?;
+        let (consumed, series, _, _) = watched?;
+        let cpu = mark.per_item(n, None);
+        let _ = publisher.close(200, "done".into()).await;
+        sink.stop().await;
+        let rate = common::per_sec(n, published.max(consumed));
+        let publish_only_rate = common::per_sec(n, published);
+        eprintln!("  ceiling: {rate:.0} msg/s published+confirmed+consumed ({publish_only_rate:.0}/s confirmed)");
+        Ok((
+            Ceiling {
+                rate,
+                publish_only_rate,
+                cpu,
+            },
+            series,
+        ))
+    }
+
+    /// The best-publisher sweep (module docs): `n` messages split over k publishers,
+    /// each on its own connection, drained by one consumer; `single` is the k = 1 rate.
+    async fn best_publisher(
+        &self,
+        amqp_url: &str,
+        connection: &lapin::Connection,
+        n: u64,
+        single: f64,
+    ) -> Result<BestPublisher> {
+        let mut best = BestPublisher {
+            rate: single,
+            publishers: 1,
+            trials: vec![json!({ "publishers": 1, "msgs_per_s": single.round() })],
+        };
+        for k in PUBLISHER_COUNTS {
+            let sink = common::sink(connection, &self.queue, false).await?;
+            let mut connections = Vec::with_capacity(k);
+            for _ in 0..k {
+                connections.push(common::amqp(amqp_url).await?);
+            }
+            let mut channels = Vec::with_capacity(k);
+            for c in &connections {
+                channels.push(c.create_channel().await?);
+            }
+            let share = n.div_ceil(k as u64);
+            let started = Instant::now();
+            let publishers = channels.iter().enumerate().map(|(p, channel)| {
+                let first = p as u64 * share;
+                let count = share.min(n.saturating_sub(first));
+                common::publish_confirmed(
+                    channel,
+                    &self.exchange,
+                    count,
+                    self.window,
+                    "",
+                    move |i| {
+                        (
+                            "bench".to_string(),
+                            ready_like_props(first + i),
+                            self.body.clone(),
+                        )
+                    },
+                )
+            });
+            let publish = futures_util::future::try_join_all(publishers);
+            let watch = watch_sink(&sink, n, started, Duration::from_secs(600), None);
+            let (published, watched) = tokio::join!(publish, watch);
+            let published = published?;
+            let (consumed, _, _, _) = watched?;
+            let slowest = published.into_iter().max().unwrap_or_default();
+            let rate = common::per_sec(n, slowest.max(consumed));
+            eprintln!(
+                "  best publisher: {k} publishers, {rate:.0} msg/s published+confirmed+consumed"
+            );
+            for c in connections {
+                let _ = c.close(200, "done".into()).await;
+            }
+            sink.stop().await;
+            best.trials
+                .push(json!({ "publishers": k, "msgs_per_s": rate.round() }));
+            if rate > best.rate {
+                best.rate = rate;
+                best.publishers = k;
+            }
+        }
+        Ok(best)
+    }
+}
+
+/// The best confirmed persistent publish rate over several publisher counts.
+struct BestPublisher {
+    rate: f64,
+    publishers: usize,
+    trials: Vec<Value>,
+}
+
+/// Publisher counts tried beyond the single one (measured by `CeilingPath::measure`).
+const PUBLISHER_COUNTS: [usize; 3] = [2, 4, 8];
+
+pub(super) struct Ceiling {
+    pub(super) rate: f64,
+    pub(super) publish_only_rate: f64,
+    pub(super) cpu: Value,
 }
 
 /// The properties the bridge puts on a job it delivers (no stored properties).
@@ -452,7 +563,7 @@ fn ready_like_props(i: u64) -> BasicProperties {
 
 /// Waits until `sink` counted `n`; returns the time it took, the rate every 250 ms, the
 /// time of the first delivery and (with a bridge) its peak RSS in KiB.
-async fn watch_sink(
+pub(super) async fn watch_sink(
     sink: &Sink,
     n: u64,
     started: Instant,

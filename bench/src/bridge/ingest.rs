@@ -71,14 +71,7 @@ async fn measure(
     redisched::amqp::declare_topology(&setup, &config.amqp).await?;
     // Same arguments as the commands queue (single active consumer, durable, and the
     // queue type the bridge declares).
-    let mut args = FieldTable::default();
-    args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
-    if config.amqp.quorum_queues {
-        args.insert(
-            "x-queue-type".into(),
-            AMQPValue::LongString("quorum".into()),
-        );
-    }
+    let args = common::commands_queue_args(&config.amqp);
     let single = format!("{name}.ceiling1");
     let multiple = format!("{name}.ceilingm");
     let single_after = format!("{name}.ceiling1b");

@@ -1,27 +1,40 @@
-//! The bridge scenarios of `redisched-bench` (issue 5): dispatch, ingest, precision,
-//! cancel, the bridge's RSS, the BullMQ peer, and `all`, which also runs `store` and
-//! writes one table, one JSON file and one SVG chart.
+//! The bridge scenarios of `redisched-bench` (issues 5 and 11): dispatch, ingest,
+//! precision, cancel, catch-up, the bridge's RSS, the BullMQ peer, and `all`, which also
+//! runs `store` and writes one table, one JSON file and one SVG chart.
 //!
 //! ```text
 //! cargo build --release -p redisched-bench -p redisched
-//! target/release/redisched-bench all            # the full run (about 10 minutes)
-//! target/release/redisched-bench all --quick    # CI: under about a minute
+//! target/release/redisched-bench all --runs 3       # the full run, 3 interleaved rounds
+//! target/release/redisched-bench all --quick        # CI: about a minute
+//! target/release/redisched-bench precision --rates 1000,5000
+//! target/release/redisched-bench catchup --catchup-jobs 100000
 //! target/release/redisched-bench dispatch --jobs 50000
 //! target/release/redisched-bench dispatch --jobs 30000 --runs 9   # history on vs off, 9 rounds
 //! ```
+//!
+//! `all --runs N` runs every scenario once per round, N rounds (so a drift of the shared
+//! machine hits every scenario alike), and prints every figure as median (min–max) of the
+//! rounds; `artifacts/bench.json` keeps each round's raw figures under `rounds`, the
+//! medians under `summary`, and round 1 at the top level as before `--runs` existed.
+//! Every report starts with its context: UTC start and end, git commit, load average at
+//! start and end, Redis and RabbitMQ versions.
 //!
 //! The bridge runs as a child `redisched run` (the binary beside this one) configured by
 //! `REDISCHED_*` env vars; every scenario uses its own exchange/queue names and key
 //! prefix (`bench-<scenario>-<pid>-…`) and deletes them at the end, also on failure.
 
 mod cancel;
+mod catchup;
 mod chart;
 pub(crate) mod common;
 mod dispatch;
 mod ingest;
 mod peer;
 mod precision;
+mod report;
+mod table;
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -34,18 +47,25 @@ pub use common::Env;
 #[derive(Subcommand)]
 pub enum BridgeCommand {
     /// Dispatch throughput (N due jobs -> published, confirmed, released) beside a plain
-    /// confirmed lapin publisher; also the bridge's RSS.
+    /// confirmed lapin publisher and the best of 1, 2, 4, 8 such publishers; also the
+    /// bridge's RSS.
     Dispatch(Box<RunArgs>),
     /// Ingest throughput (N waiting put commands -> applied, acked) beside a plain
     /// consume-and-ack lapin consumer.
     Ingest(Box<RunArgs>),
-    /// Lateness at steady rates with random delays, end to end, and early deliveries.
+    /// Lateness at steady rates with random delays, end to end, vs x-redisched-due-at and
+    /// vs the producer's clock (publish + x-delay), beside the same schedule's floor
+    /// through two broker hops without Redis; and early deliveries.
     Precision(Box<RunArgs>),
     /// Deletes by id per second through the Lua script and through AMQP.
     Cancel(Box<RunArgs>),
+    /// Catch-up after an outage: N jobs due at once, drained beside the dispatch ceiling,
+    /// while an on-time topic (150 jobs/s, delays 0-2 s) keeps its lateness (fairness).
+    Catchup(Box<RunArgs>),
     /// BullMQ on the same Redis (needs `npm ci --prefix bench/peer`).
     Peer(Box<RunArgs>),
-    /// Everything (store included): one table, `artifacts/bench.json`, `artifacts/bench.svg`.
+    /// Everything (store included), `--runs` rounds: one table (median (min–max) of the
+    /// rounds), `artifacts/bench.json`, `artifacts/bench.svg`.
     All(Box<RunArgs>),
 }
 
@@ -75,7 +95,14 @@ pub struct RunArgs {
     /// Random delays are 0..=this many ms [default: 10000; quick 2000].
     #[arg(long)]
     pub max_delay_ms: Option<u64>,
-    /// Confirm window of the bridge and of the ceiling publisher (dispatch).
+    /// Jobs all due at once in the catchup scenario (about 430 MB of Redis per 1,000,000
+    /// at 200-byte bodies; checked before loading) [default: 1000000; quick 20000].
+    #[arg(long)]
+    pub catchup_jobs: Option<u64>,
+    /// Topics the catchup backlog is spread over, evenly.
+    #[arg(long, default_value_t = 1)]
+    pub catchup_topics: usize,
+    /// Confirm window of the bridge and of the ceiling publishers (dispatch, catchup).
     #[arg(long, default_value_t = 1000)]
     pub window: usize,
     /// Bridge processes dispatching together (dispatch); CPU and RSS are the first's.
@@ -85,10 +112,13 @@ pub struct RunArgs {
     /// `both` alternates the default cap (1000) and 0 in one run, `--runs` rounds.
     #[arg(long, value_enum, default_value_t = common::HistoryChoice::Both)]
     pub history: common::HistoryChoice,
-    /// Bridge passes per history side in the dispatch scenario (medians need >= 3).
-    #[arg(long, default_value_t = 3)]
-    pub runs: usize,
-    /// Body size of dispatched and ingested jobs.
+    /// `dispatch`: bridge passes per history side [default: 3; medians need >= 3].
+    /// `all`: rounds of every scenario, interleaved, printed as median (min–max) of the
+    /// rounds [default: 1]; each round's dispatch makes one pass per history side, so
+    /// the on/off pairs are the rounds.
+    #[arg(long)]
+    pub runs: Option<usize>,
+    /// Body size of dispatched, ingested and caught-up jobs.
     #[arg(long, default_value_t = 200)]
     pub body_bytes: usize,
     /// Delayed jobs BullMQ adds and removes for its add/remove/memory figures
@@ -127,20 +157,24 @@ pub struct RunArgs {
     pub bridge_bin: Option<PathBuf>,
 }
 
+/// Bridge passes per history side of `dispatch` when `--runs` is not given.
+const DISPATCH_PASSES: usize = 3;
+
 impl RunArgs {
     fn pick<T: Clone>(&self, value: &Option<T>, full: T, quick: T) -> T {
         value
             .clone()
             .unwrap_or(if self.quick { quick } else { full })
     }
-    fn dispatch(&self) -> dispatch::Params {
+    /// `passes` bridge passes per history side.
+    fn dispatch(&self, passes: usize) -> dispatch::Params {
         dispatch::Params {
             jobs: self.pick(&self.jobs, 200_000, 10_000),
             body_bytes: self.body_bytes,
             window: self.window,
             bridges: self.bridges.max(1),
             history: self.history,
-            runs: self.runs.max(1),
+            runs: passes.max(1),
         }
     }
     fn ingest(&self) -> ingest::Params {
@@ -164,6 +198,14 @@ impl RunArgs {
             body_bytes: self.body_bytes,
         }
     }
+    fn catchup(&self) -> catchup::Params {
+        catchup::Params {
+            jobs: self.pick(&self.catchup_jobs, 1_000_000, 20_000),
+            topics: self.catchup_topics.max(1),
+            body_bytes: self.body_bytes,
+            window: self.window,
+        }
+    }
     fn peer(&self) -> peer::Params {
         peer::Params {
             jobs: self.pick(&self.peer_jobs, 100_000, 5_000),
@@ -185,11 +227,11 @@ impl RunArgs {
 }
 
 /// Runs one bridge scenario, or all of them. `store` runs the store bench (defined by
-/// the main file) writing its JSON to the given path, for `all`.
+/// the main file) writing its JSON to the given path, once per round of `all`.
 pub async fn run<F, Fut>(command: BridgeCommand, store: F) -> Result<()>
 where
-    F: FnOnce(bool, PathBuf) -> Fut,
-    Fut: std::future::Future<Output = Result<()>>,
+    F: Fn(bool, PathBuf) -> Fut,
+    Fut: Future<Output = Result<()>>,
 {
     let started = Instant::now();
     let (name, args) = match &command {
@@ -197,6 +239,7 @@ where
         BridgeCommand::Ingest(a) => ("ingest", a),
         BridgeCommand::Precision(a) => ("precision", a),
         BridgeCommand::Cancel(a) => ("cancel", a),
+        BridgeCommand::Catchup(a) => ("catchup", a),
         BridgeCommand::Peer(a) => ("peer", a),
         BridgeCommand::All(a) => ("all", a),
     };
@@ -211,6 +254,7 @@ where
         .svg
         .clone()
         .unwrap_or_else(|| out.with_extension("svg"));
+    let context = report::RunContext::start(&args.redis_url, &args.amqp_url).await;
     let mut report = json!({
         "date": now_utc(),
         "machine": machine(),
@@ -219,7 +263,8 @@ where
     });
     match &command {
         BridgeCommand::Dispatch(a) => {
-            report["dispatch"] = dispatch::run(&a.env()?, &a.dispatch()).await?
+            report["dispatch"] =
+                dispatch::run(&a.env()?, &a.dispatch(a.runs.unwrap_or(DISPATCH_PASSES))).await?
         }
         BridgeCommand::Ingest(a) => {
             report["ingest"] = ingest::run(&a.env()?, ingest::Kind::Put, &a.ingest()).await?
@@ -228,43 +273,46 @@ where
             report["precision"] = precision::run(&a.env()?, &a.precision()).await?
         }
         BridgeCommand::Cancel(a) => report["cancel"] = cancel::run(&a.env()?, &a.cancel()).await?,
+        BridgeCommand::Catchup(a) => {
+            report["catchup"] = catchup::run(&a.env()?, &a.catchup()).await?
+        }
         BridgeCommand::Peer(a) => report["peer"] = peer::run(&a.peer()).await?,
         BridgeCommand::All(a) => {
-            let env = a.env()?;
-            if !a.no_store {
-                let store_out = out.with_file_name("bench-store.json");
-                eprintln!(
-                    "store: running `redisched-bench store{}`",
-                    if a.quick { " --quick" } else { "" }
-                );
-                store(a.quick, store_out.clone())
-                    .await
-                    .context("store bench")?;
-                report["store"] = read_json(&store_out)?;
+            let rounds = a.runs.unwrap_or(1).max(1);
+            let mut raw = Vec::with_capacity(rounds);
+            for round in 1..=rounds {
+                eprintln!("== round {round}/{rounds}");
+                raw.push(all_round(a, &out, &store, round).await?);
             }
-            report["dispatch"] = dispatch::run(&env, &a.dispatch()).await?;
-            report["ingest"] = ingest::run(&env, ingest::Kind::Put, &a.ingest()).await?;
-            report["precision"] = precision::run(&env, &a.precision()).await?;
-            report["cancel"] = cancel::run(&env, &a.cancel()).await?;
-            if !a.no_peer {
-                match peer::run(&a.peer()).await {
-                    Ok(peer) => report["peer"] = peer,
-                    // The peer needs Node and `npm ci`; its absence must not fail CI.
-                    Err(err) => {
-                        eprintln!("peer skipped: {err:#}");
-                        report["peer"] = json!({ "skipped": format!("{err:#}") });
+            // Round 1 at the top level, where a single run's figures always were.
+            if let (Some(top), Some(first)) = (report.as_object_mut(), raw[0].as_object()) {
+                for (key, value) in first {
+                    if !["round", "load_average", "seconds", "scenario_seconds"]
+                        .contains(&key.as_str())
+                    {
+                        top.insert(key.clone(), value.clone());
                     }
                 }
             }
+            report["runs"] = json!(rounds);
+            report["summary"] = report::summary(&raw);
+            report["rounds"] = json!(raw);
         }
     }
+    report["context"] = context.finish();
     report["total_seconds"] = json!(common::round2(started.elapsed().as_secs_f64()));
-    print_table(&report);
+    table::print_header(&report);
+    if report["runs"].as_u64().is_some_and(|r| r > 1) {
+        table::print_table(&report["summary"]);
+    } else {
+        table::print_table(&report);
+    }
     if let Some(parent) = out.parent() {
         std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
     }
     std::fs::write(&out, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("write {}", out.display()))?;
+    // The chart shows one run's distributions and series: round 1's.
     chart::draw(&report, &svg)?;
     println!(
         "\nwrote {} and {} ({:.1} s)",
@@ -273,6 +321,64 @@ where
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// One round of `all`: every scenario once, in a fixed order; each round's dispatch
+/// makes one pass per history side (the rounds pair them).
+async fn all_round<F, Fut>(a: &RunArgs, out: &Path, store: &F, round: usize) -> Result<Value>
+where
+    F: Fn(bool, PathBuf) -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
+    let started = Instant::now();
+    let load_start = common::load_average();
+    let env = a.env()?;
+    let mut r = json!({ "round": round });
+    // How long each scenario took, so a longer run can be planned from a shorter one.
+    let mut took = json!({});
+    let mut lap = Instant::now();
+    let mut clock = |name: &str| {
+        took[name] = json!(common::round2(lap.elapsed().as_secs_f64()));
+        lap = Instant::now();
+    };
+    if !a.no_store {
+        let store_out = out.with_file_name("bench-store.json");
+        eprintln!(
+            "store: running `redisched-bench store{}`",
+            if a.quick { " --quick" } else { "" }
+        );
+        store(a.quick, store_out.clone())
+            .await
+            .context("store bench")?;
+        r["store"] = read_json(&store_out)?;
+        clock("store");
+    }
+    // The warm-up pass and the ceilings stay per round; one pass per history side.
+    r["dispatch"] = dispatch::run(&env, &a.dispatch(1)).await?;
+    clock("dispatch");
+    r["ingest"] = ingest::run(&env, ingest::Kind::Put, &a.ingest()).await?;
+    clock("ingest");
+    r["precision"] = precision::run(&env, &a.precision()).await?;
+    clock("precision");
+    r["cancel"] = cancel::run(&env, &a.cancel()).await?;
+    clock("cancel");
+    r["catchup"] = catchup::run(&env, &a.catchup()).await?;
+    clock("catchup");
+    if !a.no_peer {
+        match peer::run(&a.peer()).await {
+            Ok(peer) => r["peer"] = peer,
+            // The peer needs Node and `npm ci`; its absence must not fail CI.
+            Err(err) => {
+                eprintln!("peer skipped: {err:#}");
+                r["peer"] = json!({ "skipped": format!("{err:#}") });
+            }
+        }
+        clock("peer");
+    }
+    r["scenario_seconds"] = took;
+    r["load_average"] = json!({ "start": load_start, "end": common::load_average() });
+    r["seconds"] = json!(common::round2(started.elapsed().as_secs_f64()));
+    Ok(r)
 }
 
 fn read_json(path: &Path) -> Result<Value> {
@@ -303,234 +409,4 @@ fn machine() -> Value {
         })
         .unwrap_or_default();
     json!({ "cpus": cpus, "cpu_model": model, "note": "shared machine: Redis, RabbitMQ, the bridge and the bench on the same cores" })
-}
-
-fn num(v: &Value) -> String {
-    match v.as_f64() {
-        Some(x) if x >= 1_000.0 => {
-            let s = format!("{:.0}", x);
-            let mut out = String::new();
-            for (i, c) in s.chars().enumerate() {
-                if i > 0 && (s.len() - i).is_multiple_of(3) {
-                    out.push(',');
-                }
-                out.push(c);
-            }
-            out
-        }
-        Some(x) if x.fract() == 0.0 || x >= 100.0 => format!("{x:.0}"),
-        Some(x) => format!("{x:.2}"),
-        None => "-".into(),
-    }
-}
-
-fn pct(v: &Value) -> String {
-    v.as_f64()
-        .map(|x| format!("{:.0}%", x * 100.0))
-        .unwrap_or_else(|| "-".into())
-}
-
-fn print_table(r: &Value) {
-    let mut rows: Vec<[String; 5]> = Vec::new();
-    let d = &r["dispatch"];
-    if d.is_object() {
-        rows.push([
-            format!(
-                "dispatch, {} due jobs of {} B (jobs/s)",
-                num(&d["jobs"]),
-                d["body_bytes"]
-            ),
-            num(&d["bridge"]["jobs_per_s"]),
-            format!(
-                "{} (lapin confirmed publish, window {})",
-                num(&d["ceiling"]["msgs_per_s"]),
-                d["window"]
-            ),
-            pct(&d["ratio"]),
-            ">= 80%".into(),
-        ]);
-        rows.push([
-            "bridge RSS while dispatching (peak / idle after)".into(),
-            format!(
-                "{} / {} MiB",
-                kib_to_mib(&d["bridge_rss_kib"]["peak_while_dispatching"]),
-                kib_to_mib(&d["bridge_rss_kib"]["idle_after"])
-            ),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-        ]);
-        let h = &d["history"];
-        for side in ["on", "off"] {
-            let s = &h["sides"][side];
-            if s.is_object() {
-                rows.push([
-                    format!(
-                        "dispatch, history {side} (history.max_per_topic = {}), median (min–max) of {} passes (jobs/s)",
-                        s["history_max"], s["jobs_per_s"]["runs"]
-                    ),
-                    common::spread_text(&s["jobs_per_s"], 0),
-                    format!("{} (mean of before and after)", num(&d["ceiling"]["msgs_per_s"])),
-                    common::spread_text(&s["vs_ceiling"], 2),
-                    "-".into(),
-                ]);
-            }
-        }
-        if h["ratio_on_off"]["jobs_per_s"].is_object() {
-            rows.push([
-                format!(
-                    "dispatch ratio history on / off, paired per round (load average before {}, after {})",
-                    h["load_average"]["before"], h["load_average"]["after"]
-                ),
-                common::spread_text(&h["ratio_on_off"]["jobs_per_s"], 3),
-                format!(
-                    "after the first delivery: {}",
-                    common::spread_text(&h["ratio_on_off"]["jobs_per_s_after_first_delivery"], 3)
-                ),
-                "-".into(),
-                ">= 0.90 (issue 10)".into(),
-            ]);
-        }
-    }
-    let i = &r["ingest"];
-    if i.is_object() {
-        rows.push([
-            format!("ingest, {} waiting puts (commands/s)", num(&i["commands"])),
-            num(&i["bridge"]["commands_per_s"]),
-            format!(
-                "{} (consume + ack each, prefetch {}); {} with multiple-ack/100",
-                num(&i["ceiling"]["one_ack_per_message_per_s"]),
-                i["prefetch"],
-                num(&i["ceiling"]["multiple_ack_per_100_per_s"])
-            ),
-            format!(
-                "{} ({} of multiple-ack)",
-                pct(&i["ratio"]),
-                pct(&i["ratio_to_multiple_ack"])
-            ),
-            ">= 80%".into(),
-        ]);
-    }
-    for rate in r["precision"]["rates"].as_array().into_iter().flatten() {
-        let l = &rate["lateness_ms"];
-        rows.push([
-            format!(
-                "lateness at {}/s (ms: p50 / p99 / p99.9 / max; early)",
-                rate["rate_per_s"]
-            ),
-            format!(
-                "{} / {} / {} / {}; {} early",
-                num(&l["p50_ms"]),
-                num(&l["p99_ms"]),
-                num(&l["p999_ms"]),
-                num(&l["max_ms"]),
-                l["early"]
-            ),
-            {
-                let f = &rate["floor_lateness_ms"];
-                format!(
-                    "{} / {} / {} / {} (timer -> publish -> consume floor)",
-                    num(&f["p50_ms"]),
-                    num(&f["p99_ms"]),
-                    num(&f["p999_ms"]),
-                    num(&f["max_ms"])
-                )
-            },
-            "-".into(),
-            match rate["target_p99_ms"].as_f64() {
-                Some(t) => format!("p99 <= {t} ms, 0 early"),
-                None => "0 early".into(),
-            },
-        ]);
-    }
-    let c = &r["cancel"];
-    if c.is_object() {
-        rows.push([
-            "cancel via delete.lua, Store::apply batches (deletes/s)".into(),
-            num(&c["lua"]["deletes_per_s"]),
-            format!(
-                "{} (raw ZREM+HDEL pipelined)",
-                num(&c["lua"]["ceiling"]["deletes_per_s"])
-            ),
-            pct(&c["lua"]["ratio"]),
-            "-".into(),
-        ]);
-        rows.push([
-            "cancel via AMQP delete commands (deletes/s)".into(),
-            num(&c["amqp"]["bridge"]["commands_per_s"]),
-            format!(
-                "{} (consume + ack each)",
-                num(&c["amqp"]["ceiling"]["one_ack_per_message_per_s"])
-            ),
-            pct(&c["amqp"]["ratio"]),
-            "-".into(),
-        ]);
-    }
-    if !rows.is_empty() {
-        println!("\n| scenario | redisched | ceiling (same run) | ratio | target |");
-        println!("|---|---|---|---|---|");
-        for row in &rows {
-            println!("| {} |", row.join(" | "));
-        }
-    }
-    let p = &r["peer"];
-    if p["add_remove_memory"].is_object() {
-        let m = &p["add_remove_memory"];
-        println!(
-            "\n| peer, same Redis | redisched | BullMQ {} |",
-            p["version"].as_str().unwrap_or("")
-        );
-        println!("|---|---|---|");
-        println!(
-            "| add (jobs/s) | {} via AMQP commands | {} (addBulk of 1,000) |",
-            num(&i["bridge"]["commands_per_s"]),
-            num(&m["add_per_s"])
-        );
-        println!(
-            "| remove by id (jobs/s) | {} via delete.lua, {} via AMQP | {} (queue.remove) |",
-            num(&c["lua"]["deletes_per_s"]),
-            num(&c["amqp"]["bridge"]["commands_per_s"]),
-            num(&m["remove_per_s"])
-        );
-        for rate in p["rates"].as_array().into_iter().flatten() {
-            let ours = r["precision"]["rates"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|x| x["rate_per_s"] == rate["rate_per_s"]);
-            let fmt = |l: &Value| {
-                format!(
-                    "{} / {} / {}",
-                    num(&l["p50_ms"]),
-                    num(&l["p99_ms"]),
-                    num(&l["max_ms"])
-                )
-            };
-            println!(
-                "| lateness at {}/s (ms: p50 / p99 / max) | {} | {} |",
-                rate["rate_per_s"],
-                ours.map(|o| fmt(&o["lateness_ms"]))
-                    .unwrap_or_else(|| "-".into()),
-                fmt(&rate["lateness_ms"])
-            );
-        }
-        println!(
-            "| Redis bytes per delayed job ({} B body, {} B id) | {} | {} (INFO delta), {} (MEMORY USAGE) |",
-            m["body_bytes"],
-            m["id_bytes"],
-            r["store"]["memory"]
-                .as_array()
-                .and_then(|a| a.last())
-                .map(|x| format!("{} (INFO delta at {} jobs)", num(&x["bytes_per_job"]), num(&x["jobs"])))
-                .unwrap_or_else(|| "see the store bench".into()),
-            num(&m["redis_bytes_per_job_info_delta"]),
-            num(&m["redis_bytes_per_job_memory_usage"])
-        );
-    }
-}
-
-fn kib_to_mib(v: &Value) -> String {
-    v.as_f64()
-        .map(|k| format!("{:.1}", k / 1024.0))
-        .unwrap_or_else(|| "-".into())
 }

@@ -1,20 +1,47 @@
-//! Scenario 3 (precision): a steady stream of put commands at R/s with random delays,
-//! measured end to end by a consumer on the ready exchange: lateness = arrival time
-//! minus `x-redisched-due-at`. Redis, the bridge and the consumer share this machine's
-//! clock, so a negative lateness would be a job delivered early.
+//! Scenario 3 (precision): a steady stream of put commands at R/s with random delays
+//! through the bridge's real commands exchange and queue (production defaults: quorum,
+//! single active consumer), measured end to end by a consumer on the ready exchange.
+//!
+//! Two lateness figures per job:
+//! - **vs `x-redisched-due-at`**: arrival minus the due time the bridge computed when it
+//!   applied the command: what dispatch adds;
+//! - **vs the producer's clock**: arrival minus (publish instant + `x-delay`), both
+//!   carried in the bench's own headers: what a user feels, since `x-delay` counts from
+//!   when the bridge applies the command, so the wait in the commands queue and in an
+//!   ingest batch shifts the due time too (reported as the apply shift).
+//!
+//! Beside them, the same run's **two-hop floor** for the same schedule (same rate, same
+//! delays, same body), with no Redis and no bridge: publish (confirmed, persistent) → a
+//! relay queue with the commands queue's arguments → a relay in this process that holds
+//! each message until publish instant + delay (a timer, ms resolution like the store),
+//! then publishes it (confirmed, persistent, `mandatory`, the bridge's window) to the
+//! ready exchange → the same consumer, measured against the producer's clock. Its
+//! second hop alone, measured against the relay's own target time, is the **one-hop
+//! floor** (timer → publish → consume) that earlier versions measured in a pass of their
+//! own; it is now taken from the two-hop pass, which halves the floor's time.
+//!
+//! Redis, the bridge, the relay and the consumer share this machine's clock, so a
+//! negative lateness would be a job delivered early.
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use anyhow::{bail, Context, Result};
+use futures_util::StreamExt;
+use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
+use redisched::amqp::headers;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 
-use super::common::{self, Bridge, Cleanup, Env, Lateness, Ticker};
+use super::common::{
+    self, Arrival, Bridge, Cleanup, CommandRoute, Env, Lateness, Paced, Sink, Ticker,
+};
 
 pub struct Params {
     pub rates: Vec<u64>,
@@ -28,6 +55,8 @@ pub async fn run(env: &Env, params: &Params) -> Result<Value> {
     let name = config.redis.prefix.clone();
     let mut cleanup = Cleanup::for_config(&config);
     cleanup.queues.push(format!("{name}.sink"));
+    cleanup.queues.push(format!("{name}.relay"));
+    cleanup.exchanges.push(format!("{name}.relay"));
     eprintln!(
         "precision: rates {:?}/s for {} s each, delays 0-{} ms (names {name}.*)",
         params.rates, params.seconds, params.max_delay_ms
@@ -54,120 +83,86 @@ async fn measure(
         FieldTable::default(),
     )
     .await?;
+    let relay = RelayPath {
+        exchange: format!("{name}.relay"),
+        queue: format!("{name}.relay"),
+        ready_exchange: config.amqp.ready_exchange.clone(),
+        window: config.dispatch.window,
+    };
+    common::declare_exchange(&setup, &relay.exchange).await?;
+    common::durable_queue(
+        &setup,
+        &relay.queue,
+        &relay.exchange,
+        common::commands_queue_args(&config.amqp),
+    )
+    .await?;
     let mut sink = common::sink(&connection, &sink_queue, true).await?;
     let mut bridge = Bridge::start(env, config)?;
     // Let it connect and declare before the clock starts.
     tokio::time::sleep(Duration::from_millis(500)).await;
     bridge.check_alive()?;
-    let publisher = connection.create_channel().await?;
-    publisher
+    let producer = connection.create_channel().await?;
+    producer
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
     let body = common::body(params.body_bytes);
     // Seeded: every run draws the same delays.
     let mut rng = StdRng::seed_from_u64(0x5eed);
+    let wait = Duration::from_millis(params.max_delay_ms) + Duration::from_secs(60);
     let mut results = Vec::new();
     for &rate in &params.rates {
         let total = (rate as f64 * params.seconds).round() as u64;
         let label = format!("{rate}/s");
-        // Paced publishing: every 5 ms, catch up with rate x elapsed.
-        let window = Arc::new(Semaphore::new(5000));
-        let (tx, mut rx) = mpsc::unbounded_channel::<(
-            lapin::PublisherConfirm,
-            tokio::sync::OwnedSemaphorePermit,
-        )>();
-        let confirmer = tokio::spawn(async move {
-            let mut refused = 0u64;
-            while let Some((confirm, _permit)) = rx.recv().await {
-                if !matches!(confirm.await, Ok(lapin::Confirmation::Ack(None))) {
-                    refused += 1;
-                }
-            }
-            refused
-        });
-        let started = Instant::now();
-        let mut sent = 0u64;
-        let mut behind_max = 0u64;
-        let mut ticker = Ticker::new();
-        while sent < total {
-            let should = ((started.elapsed().as_secs_f64() * rate as f64) as u64).min(total);
-            behind_max = behind_max.max(should.saturating_sub(sent));
-            while sent < should {
-                let permit = window.clone().acquire_owned().await?;
-                let delay = rng.random_range(0..=params.max_delay_ms) as i64;
-                let id = format!("r{rate}-{sent:010}");
-                let props = common::command_props(
-                    &id,
-                    &[(
-                        redisched::amqp::headers::DELAY,
-                        AMQPValue::LongLongInt(delay),
-                    )],
-                );
-                let confirm = publisher
-                    .basic_publish(
-                        config.amqp.commands_exchange.as_str().into(),
-                        "bench".into(),
-                        BasicPublishOptions::default(),
-                        &body,
-                        props,
-                    )
-                    .await?;
-                let _ = tx.send((confirm, permit));
-                sent += 1;
-            }
-            if ticker.due() {
-                eprint!("\r  {label}: published {sent}/{total}      ");
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        drop(tx);
-        let publish_secs = started.elapsed().as_secs_f64();
-        if confirmer.await? > 0 {
-            bail!("some commands were not confirmed by the broker");
-        }
-        // Collect every delivery of this rate.
-        let mut lateness: Vec<f64> = Vec::with_capacity(total as usize);
-        let deadline =
-            Instant::now() + Duration::from_millis(params.max_delay_ms) + Duration::from_secs(60);
-        while (lateness.len() as u64) < total {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, sink.arrivals.recv()).await {
-                Ok(Some(arrival)) => {
-                    let Some(due) = arrival.due_at_ms else {
-                        bail!("a delivery without x-redisched-due-at");
-                    };
-                    lateness.push(arrival.at_us as f64 / 1000.0 - due as f64);
-                }
-                Ok(None) => bail!("the consumer stopped"),
-                Err(_) => bail!("only {} of {total} jobs arrived", lateness.len()),
-            }
-            if ticker.due() {
-                bridge.check_alive()?;
-                eprint!(
-                    "\r  {label}: published {total}, delivered {}/{total}      ",
-                    lateness.len()
-                );
-            }
-        }
-        let stats = Lateness::of(&mut lateness);
-        eprintln!(
-            "\r  {label}: {} jobs, lateness p50 {} ms, p99 {} ms, p99.9 {} ms, max {} ms, early {}      ",
-            stats.count, stats.p50_ms, stats.p99_ms, stats.p999_ms, stats.max_ms, stats.early
-        );
-        let cdf = cdf_points(&lateness);
-        let floor = timer_floor(
-            &publisher,
-            &config.amqp.ready_exchange,
-            &mut sink,
+        // One schedule per rate, run through the bridge and then through the floor.
+        let delays: Vec<i64> = (0..total)
+            .map(|_| rng.random_range(0..=params.max_delay_ms) as i64)
+            .collect();
+        let schedule = Schedule {
             rate,
-            params,
-            &mut rng,
-        )
-        .await?;
+            delays: &delays,
+            body: &body,
+        };
+
+        let paced = schedule
+            .publish(
+                &producer,
+                &config.amqp.commands_exchange,
+                "bench",
+                &format!("r{rate}"),
+                &label,
+            )
+            .await?;
+        let arrivals = collect(&mut sink, total, wait, Some(&mut bridge), &label).await?;
+        let vs_due_at = lateness_of(&arrivals, Arrival::vs_due_at_ms, "x-redisched-due-at")?;
+        let vs_producer = lateness_of(&arrivals, Arrival::vs_producer_ms, "producer clock")?;
+        let shift = lateness_of(&arrivals, apply_shift_ms, "apply shift")?;
         eprintln!(
-            "  {label} floor (bench timer -> publish -> consumer, no Redis, no bridge): p50 {} ms, p99 {} ms, p99.9 {} ms, max {} ms",
-            floor.p50_ms, floor.p99_ms, floor.p999_ms, floor.max_ms
+            "\r  {label}: {} jobs; lateness vs due-at p50 {} / p99 {} / max {} ms, early {}; vs producer clock p50 {} / p99 {} / max {} ms, early {}      ",
+            vs_due_at.stats.count,
+            vs_due_at.stats.p50_ms,
+            vs_due_at.stats.p99_ms,
+            vs_due_at.stats.max_ms,
+            vs_due_at.stats.early,
+            vs_producer.stats.p50_ms,
+            vs_producer.stats.p99_ms,
+            vs_producer.stats.max_ms,
+            vs_producer.stats.early
         );
+
+        let floor = relay
+            .floor(&connection, &producer, &mut sink, &schedule, wait, &label)
+            .await?;
+        eprintln!(
+            "\r  {label} floor, two hops (publish -> relay queue -> timer -> publish -> consume, no Redis): vs producer clock p50 {} / p99 {} / max {} ms; its second hop alone: p50 {} / p99 {} / max {} ms",
+            floor.two_hop.stats.p50_ms,
+            floor.two_hop.stats.p99_ms,
+            floor.two_hop.stats.max_ms,
+            floor.one_hop.stats.p50_ms,
+            floor.one_hop.stats.p99_ms,
+            floor.one_hop.stats.max_ms
+        );
+        // Issue 11's targets, on the producer's clock.
         let target = match rate {
             r if r <= 1000 => Some(10.0),
             r if r <= 5000 => Some(50.0),
@@ -175,93 +170,320 @@ async fn measure(
         };
         results.push(json!({
             "rate_per_s": rate,
-            "achieved_publish_rate_per_s": (total as f64 / publish_secs).round(),
-            "publisher_max_behind": behind_max,
-            "lateness_ms": stats,
-            "floor_lateness_ms": floor,
+            "jobs": total,
+            "achieved_publish_rate_per_s": paced.achieved_rate.round(),
+            "publisher_max_behind": paced.behind_max,
+            "lateness_ms": vs_due_at.stats,
+            "lateness_producer_clock_ms": vs_producer.stats,
+            "apply_shift_ms": shift.stats,
+            "floor_lateness_ms": floor.one_hop.stats,
+            "floor_two_hop_lateness_ms": floor.two_hop.stats,
+            "floor_publish_rate_per_s": floor.paced.achieved_rate.round(),
             "target_p99_ms": target,
-            "cdf": cdf,
+            "target_applies_to": "lateness_producer_clock_ms",
+            "cdf": cdf_points(&vs_due_at.sorted),
+            "cdf_producer_clock": cdf_points(&vs_producer.sorted),
+            "cdf_floor_two_hop": cdf_points(&floor.two_hop.sorted),
         }));
     }
     let rss = bridge.rss_kib();
     bridge.stop()?;
+    sink.stop().await;
     let _ = connection.close(200, "bye".into()).await;
     Ok(json!({
         "seconds_per_rate": params.seconds,
         "max_delay_ms": params.max_delay_ms,
         "body_bytes": params.body_bytes,
+        "commands_queue": if config.amqp.quorum_queues { "quorum, single active consumer" } else { "classic, single active consumer" },
+        "figures": {
+            "lateness_ms": "arrival - x-redisched-due-at (the due time the bridge computed when it applied the command)",
+            "lateness_producer_clock_ms": "arrival - (producer's publish instant + x-delay): what users feel; issue 11's targets apply to it",
+            "apply_shift_ms": "x-redisched-due-at - (publish instant + x-delay): how far applying the command moved the due time ('early' counts negative shifts, from the store's ms resolution)",
+            "floor_two_hop_lateness_ms": "same schedule, no Redis: publish -> relay queue (commands queue's arguments) -> relay holds until publish instant + delay -> publish (confirmed, persistent, mandatory, bridge's window) -> same consumer; vs the producer's clock",
+            "floor_lateness_ms": "the second hop of that pass alone: relay timer -> publish -> consume, vs the relay's target time (ms); the one-hop floor",
+        },
         "bridge_rss_kib_after": rss,
         "rates": results,
     }))
 }
 
-/// The machine's own floor for the same schedule, in the same run: a timer in this
-/// process publishes each message at its due time straight to the ready exchange and
-/// the same consumer measures it. What the bridge adds is the difference.
-async fn timer_floor(
-    publisher: &lapin::Channel,
-    exchange: &str,
-    sink: &mut common::Sink,
+/// One rate's schedule: job `i` is published at `i / rate` s with `delays[i]` ms.
+struct Schedule<'a> {
     rate: u64,
-    params: &Params,
-    rng: &mut StdRng,
-) -> Result<Lateness> {
-    let total = (rate as f64 * params.seconds).round() as u64;
-    // Due offsets from the start in µs: submitted at i/rate s, plus a random delay.
-    let mut due: Vec<i64> = (0..total)
-        .map(|i| {
-            (i as f64 * 1e6 / rate as f64) as i64
-                + rng.random_range(0..=params.max_delay_ms) as i64 * 1000
-        })
-        .collect();
-    due.sort_unstable();
-    // Start on a whole millisecond so due times in ms are exact.
-    let start_us = (common::now_us() / 1000 + 5) * 1000;
-    let start = Instant::now() + Duration::from_micros((start_us - common::now_us()).max(0) as u64);
-    let body = common::body(params.body_bytes);
-    let mut next = 0usize;
-    while next < due.len() {
-        // Round each due time up to the next ms, as the store keeps ms.
-        let due_ms = ceil_ms(start_us + due[next]);
-        let wake = start + Duration::from_micros((due_ms * 1000 - start_us).max(0) as u64);
-        tokio::time::sleep_until(wake.into()).await;
-        let now_ms = common::now_us() / 1000;
-        while next < due.len() && ceil_ms(start_us + due[next]) <= now_ms {
-            let due_at = ceil_ms(start_us + due[next]);
-            let props = common::command_props(
-                &format!("floor-{next}"),
-                &[(
-                    redisched::amqp::headers::DUE_AT,
-                    AMQPValue::LongLongInt(due_at),
-                )],
+    delays: &'a [i64],
+    body: &'a [u8],
+}
+
+impl Schedule<'_> {
+    /// Publishes the schedule as paced put commands (`common::publish_paced`).
+    async fn publish(
+        &self,
+        channel: &Channel,
+        exchange: &str,
+        routing_key: &str,
+        id_prefix: &str,
+        label: &str,
+    ) -> Result<Paced> {
+        let route = CommandRoute {
+            exchange: exchange.to_string(),
+            routing_key: routing_key.to_string(),
+            id_prefix: id_prefix.to_string(),
+        };
+        let never = AtomicBool::new(false);
+        let delays = self.delays.iter().copied();
+        common::publish_paced(channel, &route, self.rate, delays, self.body, &never, label).await
+    }
+}
+
+/// Waits for `total` deliveries on `sink` (within `wait`), checking the bridge if given.
+async fn collect(
+    sink: &mut Sink,
+    total: u64,
+    wait: Duration,
+    mut bridge: Option<&mut Bridge>,
+    label: &str,
+) -> Result<Vec<Arrival>> {
+    let mut arrivals = Vec::with_capacity(total as usize);
+    let deadline = Instant::now() + wait;
+    let mut ticker = Ticker::new();
+    while (arrivals.len() as u64) < total {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, sink.arrivals.recv()).await {
+            Ok(Some(arrival)) => arrivals.push(arrival),
+            Ok(None) => bail!("the consumer stopped"),
+            Err(_) => bail!("{label}: only {} of {total} jobs arrived", arrivals.len()),
+        }
+        if ticker.due() {
+            if let Some(bridge) = bridge.as_deref_mut() {
+                bridge.check_alive()?;
+            }
+            eprint!(
+                "\r  {label}: delivered {}/{total}                ",
+                arrivals.len()
             );
-            // Its confirm is not awaited: delivery to consumers does not wait for it.
-            let confirm = publisher
-                .basic_publish(
-                    exchange.into(),
-                    "floor".into(),
-                    BasicPublishOptions::default(),
-                    &body,
-                    props,
-                )
-                .await?;
-            drop(confirm);
-            next += 1;
         }
     }
-    let mut lateness = Vec::with_capacity(total as usize);
-    while (lateness.len() as u64) < total {
-        match tokio::time::timeout(Duration::from_secs(30), sink.arrivals.recv()).await {
-            Ok(Some(arrival)) => {
-                if let Some(due) = arrival.due_at_ms {
-                    lateness.push(arrival.at_us as f64 / 1000.0 - due as f64);
+    Ok(arrivals)
+}
+
+/// One lateness figure: its percentiles and the sorted values (for the CDF).
+struct Measured {
+    stats: Lateness,
+    sorted: Vec<f64>,
+}
+
+/// `figure` of every arrival; fails if one lacks the headers it needs.
+fn lateness_of(
+    arrivals: &[Arrival],
+    figure: impl Fn(&Arrival) -> Option<f64>,
+    what: &str,
+) -> Result<Measured> {
+    let mut values = arrivals
+        .iter()
+        .map(|a| figure(a).with_context(|| format!("a delivery without the headers of {what}")))
+        .collect::<Result<Vec<f64>>>()?;
+    let stats = Lateness::of(&mut values);
+    Ok(Measured {
+        stats,
+        sorted: values,
+    })
+}
+
+/// How far applying the command moved the due time: due-at minus the producer's due.
+fn apply_shift_ms(arrival: &Arrival) -> Option<f64> {
+    Some(arrival.due_at_ms? as f64 - arrival.producer_due_us? as f64 / 1000.0)
+}
+
+/// The two-hop floor's path: the relay's exchange and queue, where it publishes, and
+/// its confirm window.
+struct RelayPath {
+    exchange: String,
+    queue: String,
+    ready_exchange: String,
+    window: usize,
+}
+
+struct Floor {
+    paced: Paced,
+    two_hop: Measured,
+    one_hop: Measured,
+}
+
+impl RelayPath {
+    /// Runs `schedule` through two broker hops and the relay (see the module docs).
+    async fn floor(
+        &self,
+        connection: &Connection,
+        producer: &Channel,
+        sink: &mut Sink,
+        schedule: &Schedule<'_>,
+        wait: Duration,
+        label: &str,
+    ) -> Result<Floor> {
+        let relay = Relay::start(connection, self).await?;
+        let label = format!("{label} floor");
+        // The relay stops whatever happens, so no task outlives the pass.
+        let outcome = async {
+            let paced = schedule
+                .publish(producer, &self.exchange, "floor", "floor", &label)
+                .await?;
+            let arrivals = collect(sink, schedule.delays.len() as u64, wait, None, &label).await?;
+            Ok::<_, anyhow::Error>((paced, arrivals))
+        }
+        .await;
+        let refused = relay.stop().await;
+        let (paced, arrivals) = outcome?;
+        if refused > 0 {
+            bail!("{label}: the broker refused {refused} of the relay's publishes");
+        }
+        Ok(Floor {
+            paced,
+            two_hop: lateness_of(&arrivals, Arrival::vs_producer_ms, "producer clock")?,
+            one_hop: lateness_of(&arrivals, Arrival::vs_due_at_ms, "relay due-at")?,
+        })
+    }
+}
+
+/// The floor's relay: consumes the relay queue, holds each message until its target
+/// time, then publishes it like the bridge publishes a due job.
+struct Relay {
+    task: tokio::task::JoinHandle<Result<()>>,
+    consume: Channel,
+    publish: Channel,
+    refused: Arc<AtomicU64>,
+}
+
+/// A held message: its target (epoch ms, for `x-redisched-due-at`), id and headers.
+struct Held {
+    due_at_ms: i64,
+    properties: BasicProperties,
+    body: Vec<u8>,
+}
+
+impl Relay {
+    async fn start(connection: &Connection, path: &RelayPath) -> Result<Self> {
+        let consume = connection.create_channel().await?;
+        let mut consumer = consume
+            .basic_consume(
+                path.queue.as_str().into(),
+                "relay".into(),
+                // Held in memory from receipt on, as the bridge holds a job in Redis
+                // once applied: waiting for an ack would stall the queue for 10 s.
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .with_context(|| format!("consume {}", path.queue))?;
+        let publish = connection.create_channel().await?;
+        publish
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        let refused = Arc::new(AtomicU64::new(0));
+        let permits = Arc::new(Semaphore::new(path.window));
+        let (confirms, mut pending) = mpsc::unbounded_channel::<(
+            lapin::PublisherConfirm,
+            tokio::sync::OwnedSemaphorePermit,
+        )>();
+        let counted = refused.clone();
+        tokio::spawn(async move {
+            while let Some((confirm, _permit)) = pending.recv().await {
+                if !matches!(confirm.await, Ok(lapin::Confirmation::Ack(None))) {
+                    counted.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Ok(None) => bail!("the consumer stopped"),
-            Err(_) => bail!("floor: only {} of {total} messages arrived", lateness.len()),
+        });
+        let channel = publish.clone();
+        let exchange = path.ready_exchange.clone();
+        let task = tokio::spawn(async move {
+            // Ordered by target instant, then by arrival (the sequence number).
+            let mut held: BTreeMap<(tokio::time::Instant, u64), Held> = BTreeMap::new();
+            let mut seq = 0u64;
+            loop {
+                let next = held.keys().next().map(|(at, _)| *at);
+                tokio::select! {
+                    delivery = consumer.next() => {
+                        let Some(delivery) = delivery else { return Ok(()) };
+                        let delivery = delivery?;
+                        let now_us = common::now_us();
+                        let producer_due_us =
+                            common::int_header(&delivery.properties, common::PRODUCER_DUE_US_HEADER)
+                                .context("a relayed message without the producer's due time")?;
+                        // Never before it arrived; whole ms, as the store keeps due times.
+                        let due_at_ms = ceil_ms(producer_due_us.max(now_us));
+                        let at = tokio::time::Instant::now()
+                            + Duration::from_micros((due_at_ms * 1000 - now_us).max(0) as u64);
+                        held.insert((at, seq), Held {
+                            due_at_ms,
+                            properties: delivery.properties.clone(),
+                            body: delivery.data,
+                        });
+                        seq += 1;
+                    }
+                    _ = tokio::time::sleep_until(next.unwrap_or_else(tokio::time::Instant::now)), if next.is_some() => {
+                        let now = tokio::time::Instant::now();
+                        while let Some(entry) = held.first_entry() {
+                            if entry.key().0 > now {
+                                break;
+                            }
+                            let job = entry.remove();
+                            let permit = permits.clone().acquire_owned().await?;
+                            let confirm = channel
+                                .basic_publish(
+                                    exchange.as_str().into(),
+                                    "floor".into(),
+                                    BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() },
+                                    &job.body,
+                                    relayed_properties(&job),
+                                )
+                                .await?;
+                            let _ = confirms.send((confirm, permit));
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            task,
+            consume,
+            publish,
+            refused,
+        })
+    }
+
+    /// Stops relaying (every message of the pass has arrived by now) and returns how
+    /// many publishes the broker refused.
+    async fn stop(self) -> u64 {
+        self.task.abort();
+        let _ = self.task.await;
+        let _ = self.consume.close(200, "done".into()).await;
+        let _ = self.publish.close(200, "done".into()).await;
+        self.refused.load(Ordering::Relaxed)
+    }
+}
+
+/// What the relay publishes: the bridge's output headers (topic, due-at, attempt), the
+/// producer-clock headers passed through, persistent, the same message id.
+fn relayed_properties(job: &Held) -> BasicProperties {
+    let id = job
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|id| id.to_string())
+        .unwrap_or_default();
+    let mut headers = vec![
+        (headers::TOPIC, common::text("floor")),
+        (headers::DUE_AT, AMQPValue::LongLongInt(job.due_at_ms)),
+        (headers::ATTEMPT, AMQPValue::LongLongInt(1)),
+    ];
+    for name in [common::PUBLISHED_US_HEADER, common::PRODUCER_DUE_US_HEADER] {
+        if let Some(value) = common::int_header(&job.properties, name) {
+            headers.push((name, AMQPValue::LongLongInt(value)));
         }
     }
-    Ok(Lateness::of(&mut lateness))
+    common::command_props(&id, &headers)
 }
 
 /// Epoch µs rounded up to whole ms.
