@@ -32,7 +32,7 @@
 //! bridge and link) and the producers' choices. What it cannot fix is timing (thread
 //! scheduling, how long a restart takes), so a rerun replays the same schedule, not the
 //! same interleaving. Everything runs on private services and temp dirs, all removed at
-//! the end or on a panic.
+//! the end or on a panic; `CHAOS_LOGS=<dir>` keeps the bridges' logs of a failed run.
 
 mod common;
 
@@ -282,6 +282,25 @@ impl Rig {
             Link::Redis => &self.redis_proxies[bridge],
             Link::Amqp => &self.amqp_proxies[bridge],
         }
+    }
+
+    /// Copies the bridges' logs to `CHAOS_LOGS` (if set) before the run's temp dir goes;
+    /// says where they went, or how to keep them next time.
+    fn keep_logs(&self) -> String {
+        let Ok(dir) = std::env::var("CHAOS_LOGS") else {
+            return "set CHAOS_LOGS=<dir> to keep the bridges' whole logs".into();
+        };
+        let dir = PathBuf::from(dir);
+        if let Err(err) = std::fs::create_dir_all(&dir) {
+            return format!("cannot create CHAOS_LOGS={}: {err}", dir.display());
+        }
+        for (b, log) in self.bridge_logs.iter().enumerate() {
+            let to = dir.join(format!("bridge-{b}.log"));
+            if let Err(err) = std::fs::copy(log, &to) {
+                return format!("cannot copy {} to {}: {err}", log.display(), to.display());
+            }
+        }
+        format!("bridge logs kept in {}", dir.display())
     }
 
     fn bridge_tails(&self) -> String {
@@ -976,8 +995,9 @@ fn judge(publishes: &[Publish], deliveries: &[Seen], replies: &[Seen]) -> Verdic
     verdict
 }
 
-/// An id's commands and deliveries in ms from its first publish, for a failure message:
-/// `put v1 sent +0 due>=+2500 answered +12; ... | delivered v1 +2510`.
+/// An id's commands and deliveries in ms from its first publish (whose wall-clock time
+/// leads, to find it in the bridges' logs), for a failure message:
+/// `from 12:00:01.234: put v1 due>=+2500 (sent +0 confirmed answered +12); ...; delivered [v1 +2510]`.
 fn story(commands: &[Command], seen: &[&Seen], answered: &HashMap<&str, i64>) -> String {
     let origin = commands
         .first()
@@ -1017,7 +1037,9 @@ fn story(commands: &[Command], seen: &[&Seen], answered: &HashMap<&str, i64>) ->
         .map(|d| format!("v{} +{}", version_of(&d.body).unwrap_or(0), d.at - origin))
         .collect();
     parts.push(format!("delivered [{}]", delivered.join(", ")));
-    parts.join("; ")
+    let from = chrono::DateTime::from_timestamp_millis(origin)
+        .map_or(origin.to_string(), |t| t.format("%H:%M:%S%.3f").to_string());
+    format!("from {from}: {}", parts.join("; "))
 }
 
 fn percentile(sorted: &[i64], p: f64) -> i64 {
@@ -1325,9 +1347,14 @@ async fn seeded_chaos_keeps_the_promise() {
             String::from_utf8_lossy(&check.stderr)
         ));
     }
+    let logs_kept = if failures.is_empty() {
+        String::new()
+    } else {
+        rig.keep_logs()
+    };
     assert!(
         failures.is_empty(),
-        "{} failure(s):\n- {}\n{summary}\n{}\n{}",
+        "{} failure(s):\n- {}\n{summary}\n{}\n{logs_kept}\n{}",
         failures.len(),
         failures.join("\n- "),
         rig.bridge_tails(),
