@@ -75,29 +75,36 @@ fn job_key(delivery: &Delivery) -> Option<JobKey> {
     Some((delivery.routing_key.to_string(), id))
 }
 
-/// An ingest session's epoch (see `Store::apply_fenced`): taken at its first batch,
-/// when this consumer became the active one, and again after a failed apply.
+/// An ingest session's epoch (see `Store::apply_fenced`): the session part comes from
+/// the store's counter at the first batch, when this consumer became the active one, so
+/// it is newer than every session active before; the attempt part grows after each
+/// failed apply, so the retry outranks a request of this session still on its way, but
+/// never a later session (a stale session's retries stay below the session that took
+/// over its commands).
 #[derive(Default)]
-struct Epoch(tokio::sync::Mutex<Option<u64>>);
+struct Epoch(tokio::sync::Mutex<Option<(u64, u64)>>);
+
+/// Attempts per session before the session part must change (then it takes a new one).
+const EPOCH_ATTEMPTS: u64 = 1_000_000;
 
 impl Epoch {
     async fn get(&self, store: &Store) -> Result<u64, StoreError> {
         let mut current = self.0.lock().await;
-        match *current {
-            Some(epoch) => Ok(epoch),
-            None => {
-                let epoch = store.next_ingest_epoch().await?;
-                *current = Some(epoch);
-                Ok(epoch)
-            }
-        }
+        let (session, attempt) = match *current {
+            Some(parts) if parts.1 < EPOCH_ATTEMPTS => parts,
+            _ => (store.next_ingest_epoch().await?, 0),
+        };
+        *current = Some((session, attempt));
+        Ok(session * EPOCH_ATTEMPTS + attempt)
     }
 
-    /// Forgets `used` (unless a newer epoch replaced it already).
+    /// After an apply with `used` failed: the next one writes with a higher attempt.
     async fn expire(&self, used: u64) {
         let mut current = self.0.lock().await;
-        if *current == Some(used) {
-            *current = None;
+        if let Some((session, attempt)) = current.as_mut() {
+            if *session * EPOCH_ATTEMPTS + *attempt == used {
+                *attempt += 1;
+            }
         }
     }
 }
