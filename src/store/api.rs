@@ -2,8 +2,8 @@
 //! ([`Scripts::call`]), running them through the executor and decoding the reply.
 //! The script headers define the arguments and replies; this file follows them.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
 use redis::Value;
 
@@ -42,29 +42,41 @@ impl Store {
         if ops.is_empty() {
             return Ok(Vec::new());
         }
-        // Register topics before their first put, so a dispatcher that restarts finds
-        // them; SADD of a known member is a no-op. Global calls run first.
-        let mut new_topics: Vec<&str> = Vec::new();
+        let mut put_topics: Vec<&Topic> = Vec::new();
         for op in ops {
             if let Op::Put(put) = op.op() {
-                if !new_topics.contains(&put.topic.as_str()) {
-                    new_topics.push(put.topic.as_str());
+                if !put_topics.contains(&&put.topic) {
+                    put_topics.push(&put.topic);
                 }
             }
         }
-        let mut calls: Vec<Call> = ops.iter().map(|op| self.op_call(op)).collect();
-        if !new_topics.is_empty() {
-            let mut sadd = redis::cmd("SADD");
-            sadd.arg(self.keys.topics()).arg(&new_topics);
-            calls.push(Call::global(sadd));
+        // Topics not registered lately go into the topics set before their first put
+        // (global calls run first), so a dispatcher that restarts finds them.
+        let epoch = self.exec.script_epoch();
+        let register = self.registry.unregistered(epoch, &put_topics);
+        let mut calls = self.op_calls(ops);
+        if !register.is_empty() {
+            calls.push(self.register_call(&register));
         }
+        let sent = Instant::now();
         let mut replies = self.exec.run(&calls).await?;
         if replies.len() > ops.len() {
-            if let Some(Err(err)) = replies.pop() {
-                match StoreError::from(err) {
+            match replies.pop() {
+                Some(Ok(_)) => self.registry.registered(epoch, sent, &register),
+                Some(Err(err)) => match StoreError::from(err) {
                     err @ StoreError::Unavailable(_) => return Err(err),
                     err => tracing::error!(error = %err, "cannot register topics"),
-                }
+                },
+                None => {}
+            }
+        }
+        // The scripts were loaded again meanwhile: Redis may have come back without its
+        // data, topics set included, so this batch's topics are registered again now.
+        if self.exec.script_epoch() != epoch && !put_topics.is_empty() {
+            match self.register_now(&put_topics).await {
+                Ok(()) => {}
+                Err(err @ StoreError::Unavailable(_)) => return Err(err),
+                Err(err) => tracing::error!(error = %err, "cannot register topics"),
             }
         }
         ops.iter()
@@ -79,7 +91,23 @@ impl Store {
             .collect()
     }
 
-    fn op_call<C: StoreCommand>(&self, command: &C) -> Call {
+    /// One call per command. A batch names few topics: each one's key list, and the
+    /// channel name, are spelled once per batch rather than once per command.
+    fn op_calls<C: StoreCommand>(&self, ops: &[C]) -> Vec<Call> {
+        let channel = self.keys.notify_channel();
+        let mut key_lists: HashMap<&Topic, [String; 8]> = HashMap::new();
+        ops.iter()
+            .map(|command| {
+                let topic = command.op().topic();
+                let keys = key_lists
+                    .entry(topic)
+                    .or_insert_with(|| self.keys.all(topic));
+                self.op_call(command, keys, &channel)
+            })
+            .collect()
+    }
+
+    fn op_call<C: StoreCommand>(&self, command: &C, keys: &[String], channel: &str) -> Call {
         let scripts = self.exec.scripts();
         match command.op() {
             Op::Put(put) => {
@@ -91,7 +119,7 @@ impl Store {
                     PutMode::Keep => "nx",
                     PutMode::Replace => "replace",
                 };
-                Scripts::call(&scripts.put, &put.topic, &self.keys)
+                Scripts::call_with_keys(&scripts.put, &put.topic, keys)
                     .arg(put.id.as_str())
                     .arg(&put.body[..])
                     .arg(&put.meta[..])
@@ -100,11 +128,11 @@ impl Store {
                     .arg(when)
                     .arg(self.limits.max_delay_ms)
                     .arg(self.limits.max_body_bytes)
-                    .arg(self.keys.notify_channel())
+                    .arg(channel)
                     .arg(command.schedule().map_or("", ScheduleSpec::as_str))
                     .arg(self.history_max)
             }
-            Op::Delete { topic, id } => Scripts::call(&scripts.delete, topic, &self.keys)
+            Op::Delete { topic, id } => Scripts::call_with_keys(&scripts.delete, topic, keys)
                 .arg(id.as_str())
                 .arg(self.history_max),
         }

@@ -13,6 +13,7 @@
 //! error) does not hide the others. An unreachable Redis fails the whole batch.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Value};
@@ -65,6 +66,9 @@ pub(crate) struct Executor {
     conn: Link<Conn>,
     cluster: bool,
     scripts: Arc<Scripts>,
+    /// Counts the times the scripts were loaded: at open, and after a `NOSCRIPT`, which
+    /// means the server may have lost its data too (a restart, a failover).
+    script_epoch: Arc<AtomicU64>,
 }
 
 impl Executor {
@@ -82,6 +86,7 @@ impl Executor {
             conn,
             cluster,
             scripts: Arc::new(Scripts::new()),
+            script_epoch: Arc::new(AtomicU64::new(0)),
         };
         executor.load_scripts().await?;
         Ok(executor)
@@ -89,6 +94,12 @@ impl Executor {
 
     pub(crate) fn scripts(&self) -> &Scripts {
         &self.scripts
+    }
+
+    /// Changes whenever the scripts had to be loaded again (see `script_epoch`): what
+    /// the store remembers about the server's data is void across a change.
+    pub(crate) fn script_epoch(&self) -> u64 {
+        self.script_epoch.load(Ordering::Acquire)
     }
 
     /// Runs `calls` (see the module docs for the order) and returns one result per
@@ -135,6 +146,7 @@ impl Executor {
         for reply in self.send(&loads.iter().collect::<Vec<_>>()).await? {
             reply?;
         }
+        self.script_epoch.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
