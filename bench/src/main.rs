@@ -137,6 +137,10 @@ struct PutCostArgs {
     in_flight: usize,
     #[arg(long, default_value = "artifacts/bench-put-cost.json")]
     out: PathBuf,
+    /// Another put.lua to run as a fourth side, e.g. the previous version:
+    /// `git show <commit>:lua/put.lua > /tmp/put-before.lua`.
+    #[arg(long)]
+    other_put: Option<PathBuf>,
 }
 
 /// Ids are exactly this long ("job-" and 16 digits), as the issue asks.
@@ -508,11 +512,14 @@ impl Target {
             .await
             .context("connecting to Redis")?
             .with_history_max(history_max);
-        let conn = redis::Client::open(self.redis_url.as_str())
+        let mut conn = redis::Client::open(self.redis_url.as_str())
             .context("--redis-url")?
             .get_multiplexed_async_connection()
             .await
             .context("connecting to Redis")?;
+        // The client's default (500 ms) fails pipelines of 1,000 scripts on a busy
+        // machine; the store above waits as long.
+        conn.set_response_timeout(Duration::from_secs(60));
         Ok(Bench {
             store,
             conn,
@@ -580,7 +587,20 @@ async fn put_cost_bench(args: PutCostArgs) -> Result<()> {
             redisched::store::DEFAULT_HISTORY_MAX,
         )
         .await?;
-    let result = put_cost::compare(&bench, jobs, args.runs, target.server_pid()).await;
+    let other_put = match &args.other_put {
+        Some(path) => Some(
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let result = put_cost::compare(
+        &bench,
+        jobs,
+        args.runs,
+        target.server_pid(),
+        other_put.as_deref(),
+    )
+    .await;
     let cleanup = bridge::common::delete_prefix(&target.redis_url, &prefix).await;
     let mut report = result?;
     cleanup.context("cleaning up")?;
@@ -699,7 +719,7 @@ async fn run(
     let put_cost_jobs = args
         .put_cost_jobs
         .unwrap_or(if args.quick { 10_000 } else { 100_000 });
-    let put_cost = put_cost::compare(bench, put_cost_jobs, args.runs, server_pid).await?;
+    let put_cost = put_cost::compare(bench, put_cost_jobs, args.runs, server_pid, None).await?;
 
     // --- report ----------------------------------------------------------------------
     let first = &scale[0];

@@ -5,7 +5,9 @@
 //! - `bare`: `EVALSHA` of `ZADD KEYS[1] ARGV[6] ARGV[1]; HSET KEYS[3] ARGV[1] ARGV[2]`;
 //! - `put_lua`: `EVALSHA put.lua`;
 //! - `store`: `Store::apply`, the product's whole path (argument building, the topic
-//!   registration, reply decoding).
+//!   registration, reply decoding);
+//! - `put_lua_other` (with `--other-put FILE`): another version of put.lua, e.g. the
+//!   previous release's, to compare two versions in one run.
 //!
 //! `bare` and `put_lua` get the very same KEYS (the topic's eight) and ARGV (the eleven
 //! `Store::apply` sends), in pipelines built before the clock starts, `PUT_BATCH` calls
@@ -40,16 +42,18 @@ enum Side {
     Bare,
     PutLua,
     Store,
+    PutOther,
 }
 
 impl Side {
-    const ALL: [Side; 3] = [Side::Bare, Side::PutLua, Side::Store];
+    const ALL: [Side; 4] = [Side::Bare, Side::PutLua, Side::Store, Side::PutOther];
 
     fn name(self) -> &'static str {
         match self {
             Side::Bare => "bare",
             Side::PutLua => "put_lua",
             Side::Store => "store",
+            Side::PutOther => "put_lua_other",
         }
     }
 }
@@ -120,7 +124,7 @@ async fn run_pipes(bench: &Bench, side: Side, pipes: &[redis::Pipeline]) -> Resu
         for reply in result? {
             let fine = match (side, &reply) {
                 (Side::Bare, Reply::Int(1)) => true,
-                (Side::PutLua, Reply::Array(items)) => {
+                (Side::PutLua | Side::PutOther, Reply::Array(items)) => {
                     matches!(items.first(), Some(Reply::BulkString(s)) if s == b"scheduled")
                 }
                 _ => false,
@@ -135,12 +139,14 @@ async fn run_pipes(bench: &Bench, side: Side, pipes: &[redis::Pipeline]) -> Resu
 
 /// `rounds` rounds of `jobs` puts per side, the sides taking turns every [`SLICE`]
 /// (the first side rotates by slice and by round). `server_pid`: the private Redis, whose
-/// CPU and command statistics are then the bench's alone.
+/// CPU and command statistics are then the bench's alone. `other_put`: the source of
+/// another put.lua to run as a fourth side.
 pub async fn compare(
     bench: &Bench,
     jobs: u64,
     rounds: usize,
     server_pid: Option<u32>,
+    other_put: Option<&str>,
 ) -> Result<Value> {
     let bare = redis::Script::new(BARE_SCRIPT);
     let mut conn = bench.conn.clone();
@@ -155,6 +161,20 @@ pub async fn compare(
         .arg(put_source)
         .query_async(&mut conn)
         .await?;
+    let other_sha: Option<String> = match other_put {
+        Some(source) => Some(
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(source)
+                .query_async(&mut conn)
+                .await?,
+        ),
+        None => None,
+    };
+    let sides: Vec<Side> = Side::ALL
+        .into_iter()
+        .filter(|side| *side != Side::PutOther || other_sha.is_some())
+        .collect();
     let me = std::process::id();
     let load_before = load_average();
     let mut results = Vec::new();
@@ -164,12 +184,13 @@ pub async fn compare(
             round + 1
         );
         let mut lanes = Vec::new();
-        for side in Side::ALL {
+        for &side in &sides {
             let topic = Topic::new(format!("cost.{}.{round}", side.name()))?;
-            let pipes = match side {
-                Side::Bare => raw_pipes(bench, &bare_sha, &topic, jobs)?,
-                Side::PutLua => raw_pipes(bench, &put_sha, &topic, jobs)?,
-                Side::Store => Vec::new(),
+            let pipes = match (side, &other_sha) {
+                (Side::Bare, _) => raw_pipes(bench, &bare_sha, &topic, jobs)?,
+                (Side::PutLua, _) => raw_pipes(bench, &put_sha, &topic, jobs)?,
+                (Side::PutOther, Some(sha)) => raw_pipes(bench, sha, &topic, jobs)?,
+                _ => Vec::new(),
             };
             lanes.push(Lane {
                 side,
@@ -187,7 +208,8 @@ pub async fn compare(
             let to = (from + SLICE).min(jobs);
             let first = (slice + round) % lanes.len();
             for k in 0..lanes.len() {
-                let lane = &mut lanes[(first + k) % 3];
+                let count = lanes.len();
+                let lane = &mut lanes[(first + k) % count];
                 let before = ServerMark::now(&bench.conn, server_pid).await?;
                 let cpu_before = cpu_seconds(me).unwrap_or(0.0);
                 let started = Instant::now();
@@ -250,19 +272,19 @@ pub async fn compare(
     let load_after = load_average();
     Ok(summarize(
         results,
+        &sides,
         jobs,
         server_pid.is_some(),
-        load_before,
-        load_after,
+        (load_before, load_after),
     ))
 }
 
 fn summarize(
     rounds: Vec<Value>,
+    sides_run: &[Side],
     jobs: u64,
     private: bool,
-    load_before: Value,
-    load_after: Value,
+    (load_before, load_after): (Value, Value),
 ) -> Value {
     let spread = |values: Vec<f64>, decimals: i32| {
         Spread::of(&values).map_or(Value::Null, |s| s.to_json(decimals))
@@ -284,7 +306,7 @@ fn summarize(
             .collect()
     };
     let mut sides = json!({});
-    for side in Side::ALL {
+    for &side in sides_run {
         let n = side.name();
         sides[n] = json!({
             "calls_per_s": spread(field(n, "calls_per_s"), 0),
@@ -307,6 +329,9 @@ fn summarize(
             "put_lua_server_cpu": spread(paired("put_lua", "server_cpu_us_per_call", true), 3),
             "put_lua_evalsha_time": spread(paired("put_lua", "evalsha_us_per_call", true), 3),
             "store_server_cpu": spread(paired("store", "server_cpu_us_per_call", true), 3),
+            "put_lua_other_rate": spread(paired("put_lua_other", "calls_per_s", false), 3),
+            "put_lua_other_server_cpu": spread(paired("put_lua_other", "server_cpu_us_per_call", true), 3),
+            "put_lua_other_evalsha_time": spread(paired("put_lua_other", "evalsha_us_per_call", true), 3),
         },
         "load_average": { "before": load_before, "after": load_after },
         "rounds": rounds,
@@ -333,8 +358,19 @@ pub fn print_table(c: &Value) {
         c["load_average"]["before"],
         c["load_average"]["after"]
     );
-    println!("median (min–max) | bare ZADD+HSET script | put.lua | Store::apply |");
-    println!("|---|---:|---:|---:|");
+    let other = s["put_lua_other"].is_object();
+    let extra = |v: String| {
+        if other {
+            format!(" {v} |")
+        } else {
+            String::new()
+        }
+    };
+    println!(
+        "median (min–max) | bare ZADD+HSET script | put.lua | Store::apply |{}",
+        extra("other put.lua".into())
+    );
+    println!("|---|---:|---:|---:|{}", extra("---:".into()));
     for (label, name, decimals) in [
         ("calls/s, pipelined", "calls_per_s", 0),
         ("bench CPU µs/call", "bench_cpu_us_per_call", 2),
@@ -342,24 +378,28 @@ pub fn print_table(c: &Value) {
         ("EVALSHA µs/call (commandstats)", "evalsha_us_per_call", 2),
     ] {
         println!(
-            "| {label} | {} | {} | {} |",
+            "| {label} | {} | {} | {} |{}",
             spread_text(&s["bare"][name], decimals),
             spread_text(&s["put_lua"][name], decimals),
-            spread_text(&s["store"][name], decimals)
+            spread_text(&s["store"][name], decimals),
+            extra(spread_text(&s["put_lua_other"][name], decimals))
         );
     }
     println!(
-        "| ratio to bare, rate (paired per round) | 1 | {} | {} |",
+        "| ratio to bare, rate (paired per round) | 1 | {} | {} |{}",
         spread_text(&r["put_lua_rate"], 3),
-        spread_text(&r["store_rate"], 3)
+        spread_text(&r["store_rate"], 3),
+        extra(spread_text(&r["put_lua_other_rate"], 3))
     );
     println!(
-        "| ratio to bare, Redis CPU (bare/side) | 1 | {} | {} |",
+        "| ratio to bare, Redis CPU (bare/side) | 1 | {} | {} |{}",
         spread_text(&r["put_lua_server_cpu"], 3),
-        spread_text(&r["store_server_cpu"], 3)
+        spread_text(&r["store_server_cpu"], 3),
+        extra(spread_text(&r["put_lua_other_server_cpu"], 3))
     );
     println!(
-        "| ratio to bare, EVALSHA time (bare/side) | 1 | {} | - |",
-        spread_text(&r["put_lua_evalsha_time"], 3)
+        "| ratio to bare, EVALSHA time (bare/side) | 1 | {} | - |{}",
+        spread_text(&r["put_lua_evalsha_time"], 3),
+        extra(spread_text(&r["put_lua_other_evalsha_time"], 3))
     );
 }
