@@ -33,6 +33,13 @@ awk '/^if not valid_id\(id\) then/ { skip = 1 }
      /^local now = now_ms\(\)/ { if (skip) print "local when_ms, max_delay, history_max, spec = tonumber(when), tonumber(ARGV[7]), 1000, ARGV[10] or \x27\x27"; skip = 0 }
      !skip { print }' "$put" > "$work/put-no-validation.lua"
 grep -q '^local when_ms, max_delay, history_max' "$work/put-no-validation.lua" || { echo "put-profile: validation block not found" >&2; exit 1; }
+# The reply as the bare script's (1), the contract's { 'scheduled', due_at } aside.
+cut put-reply-1.lua "return { 'scheduled', due }" "return 1"
+# The writes as the bare script's (body as value, the delay as score): no record built.
+awk '/^local due_s = fmt\(due\)/ { print "local due_s, record = ARGV[6], body"; found = 1; next }
+     /^local record = new_record/ { next }
+     { print } END { exit !found }' "$put" > "$work/put-bare-writes.lua" ||
+  { echo "put-profile: the record lines not found" >&2; exit 1; }
 # The script's fixed part: header, shared helpers and valid_id, then the bare writes.
 awk '/^local full, bad_keys/ { exit } { print }' "$put" > "$work/shared-block-then-bare.lua"
 cat "$work/bare.lua" >> "$work/shared-block-then-bare.lua"
@@ -66,7 +73,7 @@ instructions() {
 
 printf '| script (%s calls) | instructions per call |\n|---|---:|\n' "$calls"
 for f in bare.lua shared-block-then-bare.lua put.lua ${before:+put-$before.lua} \
-  put-no-clock.lua put-no-head-check.lua put-no-validation.lua; do
+  put-no-clock.lua put-no-head-check.lua put-no-validation.lua put-reply-1.lua put-bare-writes.lua; do
   with=$(instructions "$work/$f" "$calls")
   without=$(instructions "$work/$f" 0)
   printf '| %s | %d |\n' "${f%.lua}" $(((with - without) / calls))

@@ -8,6 +8,7 @@
 //! cargo run --release -p redisched-bench -- all --quick      # every scenario, bridge too
 //! cargo run --release -p redisched-bench -- store --history on   # only the history-on side
 //! cargo run --release -p redisched-bench -- put-cost --private-redis   # put.lua vs bare script
+//! cargo run --release -p redisched-bench -- layout   # today's record layout vs bucketed
 //! ```
 //!
 //! `store` and `dispatch` compare the outcome history (issue 10) on (cap 1000) and off
@@ -38,6 +39,7 @@ use serde_json::{json, Value};
 use bridge::common::{History, HistoryChoice, Spread};
 
 mod bridge;
+mod layout;
 mod private_redis;
 mod put_cost;
 
@@ -59,6 +61,9 @@ enum Command {
     /// Only the put cost comparison of `store` (issue 11): put.lua and Store::apply
     /// beside a bare ZADD+HSET script given the same keys and arguments.
     PutCost(PutCostArgs),
+    /// The layout study (issue 11): bytes per job and rates of today's record layout
+    /// beside records in small bucket hashes, on a private redis-server.
+    Layout(LayoutArgs),
     #[command(flatten)]
     Bridge(bridge::BridgeCommand),
 }
@@ -112,6 +117,31 @@ struct StoreArgs {
 }
 
 #[derive(Args, Clone)]
+struct LayoutArgs {
+    /// Waiting jobs per side and round (the memory figure) [default: 1000000; quick 20000].
+    #[arg(long)]
+    jobs: Option<u64>,
+    /// Due jobs per side and round, reserved and released [default: 100000; quick 10000].
+    #[arg(long)]
+    due_jobs: Option<u64>,
+    /// Rounds (medians need >= 3).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    #[arg(long)]
+    quick: bool,
+    /// `hash-max-listpack-value` while the `buckets` side writes (a record of a
+    /// 100-byte body is 122 bytes).
+    #[arg(long, default_value_t = 256)]
+    listpack_value: u64,
+    #[arg(long, default_value_t = 100)]
+    body_bytes: usize,
+    #[arg(long, default_value_t = 4)]
+    in_flight: usize,
+    #[arg(long, default_value = "artifacts/bench-layout.json")]
+    out: PathBuf,
+}
+
+#[derive(Args, Clone)]
 struct PutCostArgs {
     /// Jobs per side and round [default: 100000; quick 10000].
     #[arg(long)]
@@ -153,6 +183,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Store(args) => store_bench(args).await,
         Command::PutCost(args) => put_cost_bench(args).await,
+        Command::Layout(args) => layout_bench(args).await,
         Command::Bridge(command) => bridge::run(command, store_for_all).await,
     };
     match result {
@@ -570,6 +601,43 @@ async fn store_bench(mut args: StoreArgs) -> Result<()> {
     let cleanup = bridge::common::delete_prefix(&target.redis_url, &prefix).await;
     let report = result?;
     cleanup.context("cleaning up")?;
+    write_report(&args.out, &report)
+}
+
+async fn layout_bench(args: LayoutArgs) -> Result<()> {
+    let jobs = args
+        .jobs
+        .unwrap_or(if args.quick { 20_000 } else { 1_000_000 });
+    let due_jobs = args
+        .due_jobs
+        .unwrap_or(if args.quick { 10_000 } else { 100_000 });
+    if jobs == 0 || due_jobs == 0 {
+        bail!("--jobs and --due-jobs must be > 0");
+    }
+    // Always private: the study changes a server setting, and its memory deltas must
+    // count this run alone.
+    let target = Target::open("", true).await?;
+    let prefix = fresh_prefix("layout", &format!("{jobs} waiting jobs per side"));
+    let bench = target
+        .bench(
+            &prefix,
+            args.body_bytes,
+            args.in_flight,
+            redisched::store::DEFAULT_HISTORY_MAX,
+        )
+        .await?;
+    let study = layout::Study {
+        bench: &bench,
+        jobs,
+        due_jobs,
+        slice: (jobs / 20).clamp(1_000, 50_000),
+        rounds: args.runs,
+        listpack_value: args.listpack_value,
+    };
+    let mut report = study.run().await?;
+    report["date"] = json!(humantime::format_rfc3339_seconds(SystemTime::now()).to_string());
+    report["command"] = json!(std::env::args().collect::<Vec<_>>().join(" "));
+    layout::print_table(&report);
     write_report(&args.out, &report)
 }
 
