@@ -1206,6 +1206,54 @@ async fn scripts_refuse_bad_arguments_with_invalid_argument() {
 }
 
 #[tokio::test]
+async fn put_accepts_exactly_the_ids_the_rust_job_id_accepts() {
+    // put.lua checks printable ASCII in one scan and everything else byte by byte
+    // (issue 11); both paths must keep the JobId rule: 1..256 bytes of UTF-8 without
+    // control characters (C0, DEL, C1).
+    let store = test_store().await;
+    let keys = store.keys().all(&topic("ids")).to_vec();
+    let mut candidates: Vec<Vec<u8>> = [
+        &b"job-0000000000000001"[..],
+        b" ",
+        b"~",
+        b"a b!{}|\\",
+        b"\x7f",
+        b"a\x7fb",
+        b"\t",
+        b"a\x00",
+        b"\x1b[0m",
+        b"\xc2\x85",
+        b"\xc2\x9f",
+        b"\xc2\xa0",
+        "é-日本-🦀".as_bytes(),
+        b"\xe0\x80\xaf",
+        b"\xed\xa0\x80",
+        b"\xf4\x90\x80\x80",
+        b"\xc3",
+        b"\xff",
+    ]
+    .iter()
+    .map(|c| c.to_vec())
+    .collect();
+    candidates.push(vec![b'a'; 256]);
+    candidates.push(vec![b'a'; 257]);
+    candidates.push("日".repeat(85).into_bytes());
+    candidates.push("日".repeat(86).into_bytes());
+    for id in candidates {
+        let rust = String::from_utf8(id.clone()).is_ok_and(|s| JobId::new(s).is_ok());
+        let args: [&[u8]; 9] = [
+            &id, b"b", b"", b"nx", b"delay", b"60000", b"100000", b"10", b"",
+        ];
+        let script = match raw_script("put", &keys, &args) {
+            Ok(_) => true,
+            Err(StoreError::Rejected(r)) if r.code == RejectCode::InvalidArgument => false,
+            Err(other) => panic!("{id:?}: {other}"),
+        };
+        assert_eq!(script, rust, "{:?}", String::from_utf8_lossy(&id));
+    }
+}
+
+#[tokio::test]
 async fn a_lua_runtime_failure_is_a_rejection_not_an_outage() {
     let err = redis::Script::new("local x = nil; return x.y")
         .invoke::<Value>(&mut raw_redis())

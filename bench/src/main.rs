@@ -7,6 +7,8 @@
 //! cargo run --release -p redisched-bench -- store --scale    # also 10,000,000 waiting
 //! cargo run --release -p redisched-bench -- all --quick      # every scenario, bridge too
 //! cargo run --release -p redisched-bench -- store --history on   # only the history-on side
+//! cargo run --release -p redisched-bench -- put-cost --private-redis   # put.lua vs bare script
+//! cargo run --release -p redisched-bench -- layout   # today's record layout vs bucketed
 //! ```
 //!
 //! `store` and `dispatch` compare the outcome history (issue 10) on (cap 1000) and off
@@ -37,6 +39,9 @@ use serde_json::{json, Value};
 use bridge::common::{History, HistoryChoice, Spread};
 
 mod bridge;
+mod layout;
+mod private_redis;
+mod put_cost;
 mod replication;
 
 #[derive(Parser)]
@@ -54,6 +59,12 @@ enum Command {
     /// The job store: bytes per job, put and reserve+release throughput, cost at scale,
     /// each beside the raw Redis ceiling.
     Store(StoreArgs),
+    /// Only the put cost comparison of `store` (issue 11): put.lua and Store::apply
+    /// beside a bare ZADD+HSET script given the same keys and arguments.
+    PutCost(PutCostArgs),
+    /// The layout study (issue 11): bytes per job and rates of today's record layout
+    /// beside records in small bucket hashes, on a private redis-server.
+    Layout(LayoutArgs),
     #[command(flatten)]
     Bridge(bridge::BridgeCommand),
     /// Ingest with redis.wait_replicas 0 vs 1 on a primary with a replica: throughput,
@@ -98,6 +109,72 @@ struct StoreArgs {
     /// Jobs per side and round of the history comparison [default: 100000; quick 10000].
     #[arg(long)]
     history_jobs: Option<u64>,
+    /// Jobs per side and round of the put cost comparison (`--runs` rounds)
+    /// [default: 100000; quick 10000].
+    #[arg(long)]
+    put_cost_jobs: Option<u64>,
+    /// Run against a redis-server of our own (started on a free port, stopped at the
+    /// end) instead of --redis-url: memory deltas and command statistics then count
+    /// this run alone, and the server's CPU per call is measured.
+    #[arg(long)]
+    private_redis: bool,
+}
+
+#[derive(Args, Clone)]
+struct LayoutArgs {
+    /// Waiting jobs per side and round (the memory figure) [default: 1000000; quick 20000].
+    #[arg(long)]
+    jobs: Option<u64>,
+    /// Due jobs per side and round, reserved and released [default: 100000; quick 10000].
+    #[arg(long)]
+    due_jobs: Option<u64>,
+    /// Rounds (medians need >= 3).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    #[arg(long)]
+    quick: bool,
+    /// `hash-max-listpack-value` while the `buckets` side writes (a record of a
+    /// 100-byte body is 122 bytes).
+    #[arg(long, default_value_t = 256)]
+    listpack_value: u64,
+    #[arg(long, default_value_t = 100)]
+    body_bytes: usize,
+    #[arg(long, default_value_t = 4)]
+    in_flight: usize,
+    #[arg(long, default_value = "artifacts/bench-layout.json")]
+    out: PathBuf,
+}
+
+#[derive(Args, Clone)]
+struct PutCostArgs {
+    /// Jobs per side and round [default: 100000; quick 10000].
+    #[arg(long)]
+    jobs: Option<u64>,
+    /// Rounds (medians need >= 3).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// 10,000 jobs per side and round.
+    #[arg(long)]
+    quick: bool,
+    /// See `store --private-redis`.
+    #[arg(long)]
+    private_redis: bool,
+    #[arg(
+        long,
+        env = "REDISCHED_REDIS__URL",
+        default_value = "redis://127.0.0.1:6379/0"
+    )]
+    redis_url: String,
+    #[arg(long, default_value_t = 100)]
+    body_bytes: usize,
+    #[arg(long, default_value_t = 4)]
+    in_flight: usize,
+    #[arg(long, default_value = "artifacts/bench-put-cost.json")]
+    out: PathBuf,
+    /// Another put.lua to run as a fourth side, e.g. the previous version:
+    /// `git show <commit>:lua/put.lua > /tmp/put-before.lua`.
+    #[arg(long)]
+    other_put: Option<PathBuf>,
 }
 
 /// Ids are exactly this long ("job-" and 16 digits), as the issue asks.
@@ -109,6 +186,8 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Store(args) => store_bench(args).await,
+        Command::PutCost(args) => put_cost_bench(args).await,
+        Command::Layout(args) => layout_bench(args).await,
         Command::Bridge(command) => bridge::run(command, store_for_all).await,
         Command::Replication(args) => replication::run(args).await,
     };
@@ -134,7 +213,7 @@ async fn store_for_all(quick: bool, out: PathBuf) -> Result<()> {
     }
     match Cli::try_parse_from(argv)?.command {
         Command::Store(args) => store_bench(args).await,
-        Command::Bridge(_) | Command::Replication(_) => bail!("internal: not the store command"),
+        _ => bail!("internal: not the store command"),
     }
 }
 
@@ -415,6 +494,94 @@ fn micros_per(n: u64, d: Duration) -> f64 {
     d.as_secs_f64() * 1e6 / n.max(1) as f64
 }
 
+/// Where a store measurement runs: the Redis of `--redis-url`, or a private one.
+struct Target {
+    redis_url: String,
+    /// Kept alive for the run; its pid for the server's CPU time.
+    private: Option<private_redis::PrivateRedis>,
+}
+
+impl Target {
+    async fn open(redis_url: &str, private: bool) -> Result<Self> {
+        if !private {
+            return Ok(Self {
+                redis_url: redis_url.to_string(),
+                private: None,
+            });
+        }
+        let node = private_redis::PrivateRedis::start().await?;
+        eprintln!(
+            "private redis-server at {} (pid {})",
+            node.url(),
+            node.pid()
+        );
+        Ok(Self {
+            redis_url: node.url(),
+            private: Some(node),
+        })
+    }
+
+    fn server_pid(&self) -> Option<u32> {
+        self.private.as_ref().map(|node| node.pid())
+    }
+
+    /// A store and a raw connection under a fresh key prefix.
+    async fn bench(
+        &self,
+        prefix: &str,
+        body_bytes: usize,
+        in_flight: usize,
+        history_max: u32,
+    ) -> Result<Bench> {
+        let options = ConnectOptions {
+            url: self.redis_url.clone(),
+            prefix: prefix.to_string(),
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(60),
+            tls_ca_file: None,
+        };
+        let limits = Limits {
+            max_delay_ms: 366 * 24 * 3_600_000,
+            max_body_bytes: body_bytes.max(1),
+        };
+        let store = Store::connect(&options, limits)
+            .await
+            .context("connecting to Redis")?
+            .with_history_max(history_max);
+        let mut conn = redis::Client::open(self.redis_url.as_str())
+            .context("--redis-url")?
+            .get_multiplexed_async_connection()
+            .await
+            .context("connecting to Redis")?;
+        // The client's default (500 ms) fails pipelines of 1,000 scripts on a busy
+        // machine; the store above waits as long.
+        conn.set_response_timeout(Duration::from_secs(60));
+        Ok(Bench {
+            store,
+            conn,
+            body: (0..body_bytes).map(|i| b'a' + (i % 26) as u8).collect(),
+            in_flight: in_flight.max(1),
+        })
+    }
+}
+
+fn fresh_prefix(what: &str, detail: &str) -> String {
+    let prefix = redisched_testkit::unique("redisched-bench");
+    eprintln!("redisched-bench {what}: {detail}, prefix {prefix} (deleted at the end)");
+    eprintln!("  interrupted? clean up with: redis-cli --scan --pattern '{prefix}:*' | xargs -r redis-cli unlink");
+    prefix
+}
+
+fn write_report(out: &std::path::Path, report: &Value) -> Result<()> {
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(out, serde_json::to_string_pretty(report)? + "\n")
+        .with_context(|| format!("writing {}", out.display()))?;
+    eprintln!("wrote {}", out.display());
+    Ok(())
+}
+
 async fn store_bench(mut args: StoreArgs) -> Result<()> {
     if args.quick {
         args.jobs = 20_000;
@@ -422,63 +589,107 @@ async fn store_bench(mut args: StoreArgs) -> Result<()> {
     if args.jobs == 0 {
         bail!("--jobs must be > 0");
     }
-    let url = url::Url::parse(&args.redis_url).context("--redis-url")?;
-    let prefix = redisched_testkit::unique("redisched-bench");
-    eprintln!(
-        "redisched-bench store: {} jobs, prefix {prefix} (deleted at the end)",
-        args.jobs
-    );
-    eprintln!("  interrupted? clean up with: redis-cli --scan --pattern '{prefix}:*' | xargs -r redis-cli unlink");
-
-    let options = ConnectOptions {
-        url: args.redis_url.clone(),
-        prefix: prefix.clone(),
-        connect_timeout: Duration::from_secs(5),
-        response_timeout: Duration::from_secs(60),
-        tls_ca_file: None,
-    };
-    let limits = Limits {
-        max_delay_ms: 366 * 24 * 3_600_000,
-        max_body_bytes: args.body_bytes.max(1),
-    };
-    let store = Store::connect(&options, limits)
-        .await
-        .context("connecting to Redis")?;
+    let target = Target::open(&args.redis_url, args.private_redis).await?;
+    let url = url::Url::parse(&target.redis_url).context("--redis-url")?;
+    let prefix = fresh_prefix("store", &format!("{} jobs", args.jobs));
     // The main figures run with the default history unless only `off` is asked for.
-    let store = match args.history {
-        HistoryChoice::Off => store.with_history_max(History::Off.max()),
-        HistoryChoice::On | HistoryChoice::Both => store.with_history_max(History::On.max()),
+    let history_max = match args.history {
+        HistoryChoice::Off => History::Off.max(),
+        HistoryChoice::On | HistoryChoice::Both => History::On.max(),
     };
-    let conn = redis::Client::open(args.redis_url.as_str())
-        .context("--redis-url")?
-        .get_multiplexed_async_connection()
-        .await
-        .context("connecting to Redis")?;
-    let bench = Bench {
-        store,
-        conn,
-        body: (0..args.body_bytes)
-            .map(|i| b'a' + (i % 26) as u8)
-            .collect(),
-        in_flight: args.in_flight.max(1),
-    };
+    let bench = target
+        .bench(&prefix, args.body_bytes, args.in_flight, history_max)
+        .await?;
 
-    let result = run(&bench, &args, &url, &prefix).await;
+    let result = run(&bench, &args, &url, &prefix, target.server_pid()).await;
     eprintln!("cleaning up {prefix}:*");
-    let cleanup = bridge::common::delete_prefix(&args.redis_url, &prefix).await;
+    let cleanup = bridge::common::delete_prefix(&target.redis_url, &prefix).await;
     let report = result?;
     cleanup.context("cleaning up")?;
-
-    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    std::fs::write(&args.out, serde_json::to_string_pretty(&report)? + "\n")
-        .with_context(|| format!("writing {}", args.out.display()))?;
-    eprintln!("wrote {}", args.out.display());
-    Ok(())
+    write_report(&args.out, &report)
 }
 
-async fn run(bench: &Bench, args: &StoreArgs, url: &url::Url, prefix: &str) -> Result<Value> {
+async fn layout_bench(args: LayoutArgs) -> Result<()> {
+    let jobs = args
+        .jobs
+        .unwrap_or(if args.quick { 20_000 } else { 1_000_000 });
+    let due_jobs = args
+        .due_jobs
+        .unwrap_or(if args.quick { 10_000 } else { 100_000 });
+    if jobs == 0 || due_jobs == 0 {
+        bail!("--jobs and --due-jobs must be > 0");
+    }
+    // Always private: the study changes a server setting, and its memory deltas must
+    // count this run alone.
+    let target = Target::open("", true).await?;
+    let prefix = fresh_prefix("layout", &format!("{jobs} waiting jobs per side"));
+    let bench = target
+        .bench(
+            &prefix,
+            args.body_bytes,
+            args.in_flight,
+            redisched::store::DEFAULT_HISTORY_MAX,
+        )
+        .await?;
+    let study = layout::Study {
+        bench: &bench,
+        jobs,
+        due_jobs,
+        slice: (jobs / 20).clamp(1_000, 50_000),
+        rounds: args.runs,
+        listpack_value: args.listpack_value,
+    };
+    let mut report = study.run().await?;
+    report["date"] = json!(humantime::format_rfc3339_seconds(SystemTime::now()).to_string());
+    report["command"] = json!(std::env::args().collect::<Vec<_>>().join(" "));
+    layout::print_table(&report);
+    write_report(&args.out, &report)
+}
+
+async fn put_cost_bench(args: PutCostArgs) -> Result<()> {
+    let jobs = args
+        .jobs
+        .unwrap_or(if args.quick { 10_000 } else { 100_000 });
+    let target = Target::open(&args.redis_url, args.private_redis).await?;
+    let prefix = fresh_prefix("put-cost", &format!("{jobs} jobs per side"));
+    let bench = target
+        .bench(
+            &prefix,
+            args.body_bytes,
+            args.in_flight,
+            redisched::store::DEFAULT_HISTORY_MAX,
+        )
+        .await?;
+    let other_put = match &args.other_put {
+        Some(path) => Some(
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let result = put_cost::compare(
+        &bench,
+        jobs,
+        args.runs,
+        target.server_pid(),
+        other_put.as_deref(),
+    )
+    .await;
+    let cleanup = bridge::common::delete_prefix(&target.redis_url, &prefix).await;
+    let mut report = result?;
+    cleanup.context("cleaning up")?;
+    report["date"] = json!(humantime::format_rfc3339_seconds(SystemTime::now()).to_string());
+    report["command"] = json!(std::env::args().collect::<Vec<_>>().join(" "));
+    put_cost::print_table(&report);
+    write_report(&args.out, &report)
+}
+
+async fn run(
+    bench: &Bench,
+    args: &StoreArgs,
+    url: &url::Url,
+    prefix: &str,
+    server_pid: Option<u32>,
+) -> Result<Value> {
     let n = args.jobs;
     let body = args.body_bytes as u64;
     let info: String = redis::cmd("INFO")
@@ -577,6 +788,12 @@ async fn run(bench: &Bench, args: &StoreArgs, url: &url::Url, prefix: &str) -> R
         .unwrap_or(if args.quick { 10_000 } else { 100_000 });
     let history = history_compare(bench, args, prefix, history_jobs).await?;
 
+    // --- put.lua beside a bare ZADD+HSET script on the same keys and arguments (issue 11)
+    let put_cost_jobs = args
+        .put_cost_jobs
+        .unwrap_or(if args.quick { 10_000 } else { 100_000 });
+    let put_cost = put_cost::compare(bench, put_cost_jobs, args.runs, server_pid, None).await?;
+
     // --- report ----------------------------------------------------------------------
     let first = &scale[0];
     let last = &scale[scale.len() - 1];
@@ -618,6 +835,8 @@ async fn run(bench: &Bench, args: &StoreArgs, url: &url::Url, prefix: &str) -> R
         },
         "history_max": bench.store.history_max(),
         "history": history,
+        "put_cost": put_cost,
+        "private_redis": server_pid.is_some(),
     });
     print_table(&report);
     Ok(report)
@@ -690,6 +909,7 @@ fn print_table(r: &Value) {
         f(&s["release"])
     );
     print_history_table(&r["history"]);
+    put_cost::print_table(&r["put_cost"]);
 }
 
 /// Jobs per turn of one side in the history comparison.

@@ -2,8 +2,8 @@
 //! ([`Scripts::call`]), running them through the executor and decoding the reply.
 //! The script headers define the arguments and replies; this file follows them.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
 use redis::Value;
 
@@ -89,22 +89,23 @@ impl Store {
         if ops.is_empty() {
             return Ok((Vec::new(), Replication::NotAsked));
         }
-        // Register topics before their first put, so a dispatcher that restarts finds
-        // them; SADD of a known member is a no-op. Global calls run first.
-        let mut new_topics: Vec<&str> = Vec::new();
+        let mut put_topics: Vec<&Topic> = Vec::new();
         for op in ops {
             if let Op::Put(put) = op.op() {
-                if !new_topics.contains(&put.topic.as_str()) {
-                    new_topics.push(put.topic.as_str());
+                if !put_topics.contains(&&put.topic) {
+                    put_topics.push(&put.topic);
                 }
             }
         }
-        let mut calls: Vec<Call> = ops.iter().map(|op| self.op_call(op, epoch)).collect();
-        if !new_topics.is_empty() {
-            let mut sadd = redis::cmd("SADD");
-            sadd.arg(self.keys.topics()).arg(&new_topics);
-            calls.push(Call::global(sadd));
+        // Topics not registered lately go into the topics set before their first put
+        // (global calls run first), so a dispatcher that restarts finds them.
+        let loads = self.exec.script_epoch();
+        let register = self.registry.unregistered(loads, &put_topics);
+        let mut calls = self.op_calls(ops, epoch);
+        if !register.is_empty() {
+            calls.push(self.register_call(&register));
         }
+        let sent = Instant::now();
         let (mut replies, replication) = match self.durability {
             None => (self.exec.run(&calls).await?, Replication::NotAsked),
             Some(want) => {
@@ -113,11 +114,22 @@ impl Store {
             }
         };
         if replies.len() > ops.len() {
-            if let Some(Err(err)) = replies.pop() {
-                match StoreError::from(err) {
+            match replies.pop() {
+                Some(Ok(_)) => self.registry.registered(loads, sent, &register),
+                Some(Err(err)) => match StoreError::from(err) {
                     err @ StoreError::Unavailable(_) => return Err(err),
                     err => tracing::error!(error = %err, "cannot register topics"),
-                }
+                },
+                None => {}
+            }
+        }
+        // The scripts were loaded again meanwhile: Redis may have come back without its
+        // data, topics set included, so this batch's topics are registered again now.
+        if self.exec.script_epoch() != loads && !put_topics.is_empty() {
+            match self.register_now(&put_topics).await {
+                Ok(()) => {}
+                Err(err @ StoreError::Unavailable(_)) => return Err(err),
+                Err(err) => tracing::error!(error = %err, "cannot register topics"),
             }
         }
         let results = ops
@@ -134,14 +146,34 @@ impl Store {
         Ok((results, replication))
     }
 
-    fn op_call<C: StoreCommand>(&self, command: &C, epoch: Option<u64>) -> Call {
-        let scripts = self.exec.scripts();
-        let keys = |topic: &Topic| match epoch {
-            Some(_) => self.keys.fenced(topic).to_vec(),
-            None => self.keys.all(topic).to_vec(),
-        };
+    /// One call per command, fenced by `epoch` if given. A batch names few topics:
+    /// each one's key list, and the channel name, are spelled once per batch rather
+    /// than once per command.
+    fn op_calls<C: StoreCommand>(&self, ops: &[C], epoch: Option<u64>) -> Vec<Call> {
+        let channel = self.keys.notify_channel();
         // '' leaves the write unfenced (the scripts' optional last argument).
-        let epoch = epoch.map_or(String::new(), |e| e.to_string());
+        let epoch_arg = epoch.map_or(String::new(), |e| e.to_string());
+        let mut key_lists: HashMap<&Topic, Vec<String>> = HashMap::new();
+        ops.iter()
+            .map(|command| {
+                let topic = command.op().topic();
+                let keys = key_lists.entry(topic).or_insert_with(|| match epoch {
+                    Some(_) => self.keys.fenced(topic).to_vec(),
+                    None => self.keys.all(topic).to_vec(),
+                });
+                self.op_call(command, keys, &channel, &epoch_arg)
+            })
+            .collect()
+    }
+
+    fn op_call<C: StoreCommand>(
+        &self,
+        command: &C,
+        keys: &[String],
+        channel: &str,
+        epoch: &str,
+    ) -> Call {
+        let scripts = self.exec.scripts();
         match command.op() {
             Op::Put(put) => {
                 let (kind, when) = match put.due {
@@ -152,7 +184,7 @@ impl Store {
                     PutMode::Keep => "nx",
                     PutMode::Replace => "replace",
                 };
-                Scripts::call_with_keys(&scripts.put, &put.topic, &keys(&put.topic))
+                Scripts::call_with_keys(&scripts.put, &put.topic, keys)
                     .arg(put.id.as_str())
                     .arg(&put.body[..])
                     .arg(&put.meta[..])
@@ -161,17 +193,15 @@ impl Store {
                     .arg(when)
                     .arg(self.limits.max_delay_ms)
                     .arg(self.limits.max_body_bytes)
-                    .arg(self.keys.notify_channel())
+                    .arg(channel)
                     .arg(command.schedule().map_or("", ScheduleSpec::as_str))
                     .arg(self.history_max)
-                    .arg(&epoch)
+                    .arg(epoch)
             }
-            Op::Delete { topic, id } => {
-                Scripts::call_with_keys(&scripts.delete, topic, &keys(topic))
-                    .arg(id.as_str())
-                    .arg(self.history_max)
-                    .arg(&epoch)
-            }
+            Op::Delete { topic, id } => Scripts::call_with_keys(&scripts.delete, topic, keys)
+                .arg(id.as_str())
+                .arg(self.history_max)
+                .arg(epoch),
         }
     }
 

@@ -19,6 +19,7 @@
 //! primary written to gets its own `WAIT`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Value};
@@ -87,6 +88,9 @@ pub(crate) struct Executor {
     conn: Link<Conn>,
     cluster: bool,
     scripts: Arc<Scripts>,
+    /// Counts the times the scripts were loaded: at open, and after a `NOSCRIPT`, which
+    /// means the server may have lost its data too (a restart, a failover).
+    script_epoch: Arc<AtomicU64>,
 }
 
 impl Executor {
@@ -104,6 +108,7 @@ impl Executor {
             conn,
             cluster,
             scripts: Arc::new(Scripts::new()),
+            script_epoch: Arc::new(AtomicU64::new(0)),
         };
         executor.load_scripts().await?;
         Ok(executor)
@@ -111,6 +116,12 @@ impl Executor {
 
     pub(crate) fn scripts(&self) -> &Scripts {
         &self.scripts
+    }
+
+    /// Changes whenever the scripts had to be loaded again (see `script_epoch`): what
+    /// the store remembers about the server's data is void across a change.
+    pub(crate) fn script_epoch(&self) -> u64 {
+        self.script_epoch.load(Ordering::Acquire)
     }
 
     /// Runs `calls` (see the module docs for the order) and returns one result per
@@ -180,6 +191,7 @@ impl Executor {
         for reply in self.send(&loads.iter().collect::<Vec<_>>(), None).await?.0 {
             reply?;
         }
+        self.script_epoch.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 

@@ -88,14 +88,7 @@ impl Store {
     /// [`Store::resume`]; `false` if it was paused already. Registers the topic, so a
     /// topic paused before its first job is listed. See `lua/pause.lua`.
     pub async fn pause(&self, topic: &Topic) -> Result<bool, StoreError> {
-        let _: i64 = self
-            .exec
-            .query(
-                redis::cmd("SADD")
-                    .arg(self.keys.topics())
-                    .arg(topic.as_str()),
-            )
-            .await?;
+        self.register_now(&[topic]).await?;
         let call = Scripts::call(&self.exec.scripts().pause, topic, &self.keys);
         Ok(self.exec.run_one(call).await? == Value::Int(1))
     }

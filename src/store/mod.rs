@@ -12,6 +12,7 @@
 //! - `exec.rs`: the transport (standalone or cluster, pipelining, `NOSCRIPT`);
 //! - `keys.rs`: key names; `reply.rs`: reply decoding; `error.rs`: the error boundary;
 //! - `notify.rs`: the Pub/Sub notifications and the [`DueHints`] they feed;
+//! - `registry.rs`: the topics set, and what the store remembers registering in it;
 //! - `conn.rs`, `link.rs`: opening connections and replacing dead ones;
 //! - `durable.rs`: waiting for replicas (`WAIT`) after job writes (`redis.wait_replicas`).
 //!
@@ -29,6 +30,7 @@ mod histogram;
 mod keys;
 mod link;
 mod notify;
+mod registry;
 mod reply;
 mod scripts;
 mod types;
@@ -45,6 +47,8 @@ use exec::Executor;
 pub use histogram::{DueHistogram, MAX_HISTOGRAM_BUCKETS, MAX_HISTOGRAM_WINDOW_MS};
 pub use keys::{KeySpace, TopicKeys};
 pub use notify::{DueHints, SUBSCRIPTION_PING_INTERVAL};
+use registry::TopicRegistry;
+pub use registry::DEFAULT_TOPIC_REFRESH;
 pub use scripts::SOURCES as SCRIPT_SOURCES;
 pub use types::{
     Applied, Batch, Command, Delivered, HistoryEntry, JobInfo, JobState, JobSummary, LastError,
@@ -77,6 +81,8 @@ pub struct Store {
     history_max: u32,
     /// Replicas that must confirm job writes (`durable.rs`); `None`: no waiting.
     durability: Option<Durability>,
+    /// Shared by the clones, so a topic is registered once per refresh, not per clone.
+    registry: Arc<TopicRegistry>,
 }
 
 impl std::fmt::Debug for Store {
@@ -88,6 +94,7 @@ impl std::fmt::Debug for Store {
             .field("limits", &self.limits)
             .field("history_max", &self.history_max)
             .field("durability", &self.durability)
+            .field("topic_refresh", &self.registry.refresh())
             .finish_non_exhaustive()
     }
 }
@@ -104,6 +111,7 @@ impl Store {
             limits,
             history_max: DEFAULT_HISTORY_MAX,
             durability: None,
+            registry: Arc::new(TopicRegistry::new(DEFAULT_TOPIC_REFRESH)),
         })
     }
 
@@ -124,5 +132,14 @@ impl Store {
 
     pub fn history_max(&self) -> u32 {
         self.history_max
+    }
+
+    /// Re-adds a topic to the topics set at its first put after `every` (default
+    /// [`DEFAULT_TOPIC_REFRESH`]), not at every batch: how long a set deleted by hand
+    /// may miss a topic that is still being put to. Starts afresh for this store and
+    /// the clones made from it later.
+    pub fn with_topic_refresh(mut self, every: Duration) -> Self {
+        self.registry = Arc::new(TopicRegistry::new(every));
+        self
     }
 }

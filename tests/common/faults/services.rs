@@ -247,6 +247,24 @@ impl PrivateRedis {
         self.kill9();
         self.spawn();
     }
+
+    /// Starts it again on the same port with its data gone: what clients see when a
+    /// Redis without persistence restarts (no keys, no scripts).
+    pub fn restart_empty(&mut self) {
+        self.kill9();
+        for entry in std::fs::read_dir(self.dir.path()).expect("redis dir") {
+            let path = entry.expect("redis dir entry").path();
+            if path.file_name().is_some_and(|name| name != "redis.log") {
+                let gone = if path.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+                gone.expect("remove redis data");
+            }
+        }
+        self.spawn();
+    }
 }
 
 impl Drop for PrivateRedis {
