@@ -359,7 +359,9 @@ conn.close()
     );
     broker.put("u", "after", b"", &[]).await;
 
-    let got = ready.collect(2, 30 * SECOND).await;
+    // Up to five redeliveries of the poison message, each ending a session that
+    // reconnects with backoff (1 s doubling): half a minute or more on a busy machine.
+    let got = ready.collect(2, 90 * SECOND).await;
     let ids: HashSet<String> = got.iter().map(|(_, d)| message_id(d)).collect();
     assert!(
         ids.contains("before") && ids.contains("after"),
