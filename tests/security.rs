@@ -18,7 +18,7 @@ const SECOND: Duration = Duration::from_secs(1);
 const BRIDGE_COMMANDS: &str = "-@all +ping +time +evalsha +script|load \
     +sadd +smembers +sscan +zrange +subscribe \
     +hget +hset +hsetnx +hdel +hexists +hlen +hscan +zadd +zrem +zscore +zrangebyscore \
-    +zcard +zcount +zscan +incrby +publish +type +dump +del +set +get \
+    +zcard +zcount +zscan +zrank +incr +incrby +publish +type +dump +del +set +get \
     +lpush +ltrim +lrange +llen";
 
 /// A Redis ACL user deleted on drop.
