@@ -180,8 +180,9 @@ impl Ingest {
                                 last.ack(BasicAckOptions { multiple: true }).await?;
                             }
                         }
-                        // Shutdown while Redis was unreachable: this batch and the ones
-                        // after it stay unacked and are redelivered.
+                        // Given up (shutdown or a closed channel while Redis was
+                        // unreachable, or fenced): this batch and the ones after it stay
+                        // unacked and are redelivered; the session ends.
                         None => break,
                     }
                 }
