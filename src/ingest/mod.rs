@@ -29,9 +29,7 @@ use std::time::{Duration, Instant};
 use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, StreamExt};
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions,
-};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicPublishOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::Acker;
 use lapin::{BasicProperties, Channel, Connection, PublisherConfirm};
@@ -205,11 +203,12 @@ impl Ingest {
             }
         }
         // Best effort and bounded: the connection may already be gone or hung, and
-        // unacked deliveries are requeued by the broker either way.
+        // unacked deliveries are requeued by the broker either way. No basic.cancel
+        // first: with a single active consumer, the cancel makes the next bridge active
+        // while this channel still holds prefetched commands, so that bridge would get
+        // the commands behind them first (found by tests/chaos.rs: a SIGTERM reordered a
+        // job's replaces). Closing the channel returns them and hands over in one step.
         amqp::close_quietly("ingest channels", async {
-            let _ = channel
-                .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
-                .await;
             let _ = channel.close(200, "shutdown".into()).await;
             let _ = side.close(200, "shutdown".into()).await;
         })
