@@ -158,7 +158,7 @@ impl Store {
             .map(|command| {
                 let topic = command.op().topic();
                 let keys = key_lists.entry(topic).or_insert_with(|| match epoch {
-                    Some(_) => self.keys.fenced(topic).to_vec(),
+                    Some(_) => self.keys.fenced(topic),
                     None => self.keys.all(topic).to_vec(),
                 });
                 self.op_call(command, keys, &channel, &epoch_arg)

@@ -66,12 +66,10 @@ impl KeySpace {
 
     /// The full list plus the topic's ingest fence (the highest ingest epoch that
     /// wrote it), for fenced puts and deletes.
-    pub fn fenced(&self, topic: &Topic) -> [String; 9] {
-        let base = format!("{}:{{{}}}", self.prefix, topic.as_str());
-        let mut keys = FULL_KEY_NAMES.map(|name| format!("{base}:{name}")).to_vec();
-        keys.push(format!("{base}:fence"));
-        keys.try_into()
-            .unwrap_or_else(|_| unreachable!("8 + 1 keys"))
+    pub fn fenced(&self, topic: &Topic) -> Vec<String> {
+        let mut keys = self.all(topic).to_vec();
+        keys.push(format!("{}:{{{}}}:fence", self.prefix, topic.as_str()));
+        keys
     }
 
     /// The counter ingest sessions take their epochs from (its own slot).
