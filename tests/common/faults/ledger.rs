@@ -413,7 +413,7 @@ async fn collect(
                 .await?;
             Ok::<_, lapin::Error>((conn, channel, consumer))
         };
-        let (conn, _channel, mut consumer) =
+        let (conn, channel, mut consumer) =
             match tokio::time::timeout(Duration::from_secs(5), open).await {
                 Ok(Ok(link)) => link,
                 _ => {
@@ -424,12 +424,28 @@ async fn collect(
         if let Some(tx) = ready.take() {
             let _ = tx.send(());
         }
+        let mut watchdog = tokio::time::interval(Duration::from_secs(2));
+        let mut delivered_since_check = true;
         loop {
             let next = tokio::select! {
                 _ = stop.cancelled() => break,
                 next = consumer.next() => next,
+                _ = watchdog.tick() => {
+                    // Seen once in a 10-minute chaos run: after a broker restart the
+                    // replies stopped arriving for the rest of the run while bridges
+                    // kept answering. Whatever the cause, a consumer the queue does not
+                    // know, or messages waiting while nothing arrives, means reconnect.
+                    let stuck = consumer_stuck(&channel, &queue, delivered_since_check).await;
+                    delivered_since_check = false;
+                    if let Some(why) = stuck {
+                        eprintln!("collector {queue}: {why}; consuming again");
+                        break;
+                    }
+                    continue;
+                }
             };
             let Some(Ok(delivery)) = next else { break };
+            delivered_since_check = true;
             seen.lock().unwrap().push(Seen {
                 at: now_ms(),
                 id: message_id(&delivery),
@@ -447,6 +463,34 @@ async fn collect(
             let _ = delivery.ack(BasicAckOptions::default()).await;
         }
         let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, "bye".into())).await;
+    }
+}
+
+/// Why a consumer that still looks open must be replaced, if it must: its channel is
+/// closed, the queue counts no consumer, or messages have been waiting in it
+/// since the last check while none arrived.
+async fn consumer_stuck(channel: &Channel, queue: &str, delivered: bool) -> Option<String> {
+    if !channel.status().connected() {
+        return Some("channel closed".into());
+    }
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let declared = tokio::time::timeout(
+        Duration::from_secs(5),
+        channel.queue_declare(queue.into(), passive, FieldTable::default()),
+    )
+    .await;
+    match declared {
+        Err(_) => Some("queue check timed out".into()),
+        Ok(Err(err)) => Some(format!("queue check failed: {err}")),
+        Ok(Ok(q)) if q.consumer_count() == 0 => Some("the queue counts no consumer".into()),
+        Ok(Ok(q)) if q.message_count() > 0 && !delivered => Some(format!(
+            "{} messages waiting, none delivered for 2 s",
+            q.message_count()
+        )),
+        Ok(Ok(_)) => None,
     }
 }
 
