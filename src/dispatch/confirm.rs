@@ -15,7 +15,7 @@ use crate::feed::{Event, Feed};
 use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
 use crate::schedule::Schedule;
-use crate::store::{Delivered, Lease, NextDue, Store};
+use crate::store::{Delivered, DueHints, Lease, NextDue, Store};
 
 /// Releases are batched up to this many per round trip.
 const RELEASE_BATCH: usize = 500;
@@ -46,6 +46,8 @@ pub(crate) struct Confirmer {
     pub feed: Feed,
     pub clock: Arc<ServerClock>,
     pub warnings: Arc<LogThrottle>,
+    /// The dispatcher's board: a series moved to its next occurrence is hinted there.
+    pub hints: Arc<DueHints>,
 }
 
 impl Confirmer {
@@ -156,6 +158,7 @@ impl Confirmer {
                             "some confirmed jobs were replaced, deleted or requeued meanwhile"
                         );
                     }
+                    hint_next_occurrences(&self.hints, &leases);
                     break;
                 }
                 Err(err) => {
@@ -193,6 +196,20 @@ impl Confirmer {
             reason,
         )
         .await;
+    }
+}
+
+/// Tells the dispatcher when each released series is due next. The plan learned the
+/// topic's next due time from the reserve reply, taken while the series was reserved
+/// and so blind to it, and `release.lua` publishes nothing: without this hint the next
+/// occurrence would wait for the rescan (`dispatch.poll_interval_ms`). Posted after the
+/// release returned, so any reserve the hint leads to runs after the move. A stale
+/// lease (nothing moved) costs at most one empty reserve.
+fn hint_next_occurrences(hints: &DueHints, delivered: &[Delivered]) {
+    for d in delivered {
+        if let NextDue::At(next) = d.next_due {
+            hints.hint(&d.lease.topic, next);
+        }
     }
 }
 

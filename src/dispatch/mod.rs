@@ -153,6 +153,7 @@ impl Dispatcher {
             feed: self.feed.clone(),
             clock: self.clock.clone(),
             warnings: self.warnings.clone(),
+            hints: self.hints.clone(),
         };
         let mut confirmer = tokio::spawn(confirmer.run(confirmed));
 

@@ -1,8 +1,9 @@
 //! Notifications: how a dispatcher learns that a topic has work earlier than it
 //! planned for, without the stages knowing each other.
 //!
-//! Two sources feed the same [`DueHints`]: the ingest stage (in-process, for commands
-//! this bridge applied) and Redis Pub/Sub (the put and requeue scripts publish on
+//! Three sources feed the same [`DueHints`]: the ingest stage (in-process, for commands
+//! this bridge applied), dispatch's confirmer (in-process, a series it released to its
+//! next occurrence) and Redis Pub/Sub (the put and requeue scripts publish on
 //! `<prefix>:notify` when a topic's head moves earlier, whoever called them), which
 //! only the store subscribes to and parses. Hints only wake the dispatcher early;
 //! correctness never depends on them, because the reserve script decides what is due
@@ -29,7 +30,8 @@ pub const SUBSCRIPTION_PING_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The board where hints wait for a dispatcher: the earliest hinted due time per
 /// topic, and whether every topic must be looked at again. Fed by ingest (in-process,
-/// for the commands it applied) and by [`Store::follow_notifications`].
+/// for the commands it applied), by dispatch (a released series' next occurrence) and
+/// by [`Store::follow_notifications`].
 #[derive(Debug, Default)]
 pub struct DueHints {
     hints: Mutex<HashMap<Topic, i64>>,
