@@ -111,6 +111,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         feed: feed.clone(),
         hints: hints.clone(),
         warnings: warnings.clone(),
+        isolation: Default::default(),
     };
     let dispatcher = Dispatcher {
         store,
@@ -230,6 +231,22 @@ async fn supervise(
         attempt += 1;
         match result {
             Ok(()) => return,
+            // A message the client cannot parse ended the session: the broker is fine, so
+            // reconnect after the shortest pause, until the broker dead-letters the message
+            // at the delivery limit. Without a delivery limit it is redelivered forever:
+            // the usual backoff then spares the broker a reconnect loop.
+            Err(err)
+                if err.is_unparseable()
+                    && config.amqp.quorum_queues
+                    && config.amqp.delivery_limit > 0 =>
+            {
+                backoff = min_backoff;
+                tracing::info!(stage = stage.name(), error = %err, retry_in = ?backoff, "AMQP session ended on a message the client cannot parse; reconnecting");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+            }
             Err(err) => {
                 if started.elapsed() > Duration::from_secs(30) {
                     backoff = min_backoff;

@@ -8,10 +8,43 @@ use redisched::cli::{self, exit, Cli, Command};
 use redisched::config::Config;
 use tokio_util::sync::CancellationToken;
 
+/// Stacks for the threads that handle a command's header values, which the AMQP codec
+/// (lapin / amq-protocol) parses, serializes, clones and drops recursively, once per
+/// nesting level. The deepest header that can arrive fits in one frame of
+/// `amqp::FRAME_MAX` (131,072 bytes): ~18,700 levels of nested tables (7 bytes each) or
+/// ~26,200 of nested arrays (5 bytes each). Measured cost per level (lapin 4.12.3,
+/// amq-protocol 10.6.3), release / debug build: parsing 1.8 / 10.0 KB (tables), 1.5 /
+/// 8.8 KB (arrays); serializing 0.6 / 4.3 KB; cloning 0.3 / 1.3 KB; dropping 0.2 / 0.7
+/// KB. So parsing the deepest frame takes ~39 MB (release) or ~231 MB (debug, the
+/// tests' build): lapin parses on its own thread, spawned with the default stack.
+/// Stack pages are only touched when used; the rest is address space.
+const PARSING_STACK: usize = if cfg!(debug_assertions) {
+    384 << 20
+} else {
+    64 << 20
+};
+
+/// The tokio workers clone a delivery's properties (to set it aside) and drop deliveries:
+/// at most ~24 MB (debug) for the deepest header; deeper than `amqp::MAX_HEADER_DEPTH`
+/// the bridge's own code never encodes or walks recursively.
+const WORKER_STACK: usize = 64 << 20;
+
 fn main() -> ExitCode {
+    // lapin spawns its I/O thread (which parses frames) with `std::thread::Builder` and no
+    // stack size, so it gets `RUST_MIN_STACK`, read once when the first thread without
+    // one is spawned: set here, before any thread exists (`set_var` is only sound then).
+    // A larger value given by the user is kept; a smaller one would let one deep header
+    // overflow the parser again, so it is raised.
+    let given = std::env::var("RUST_MIN_STACK")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    if given.is_none_or(|given| given < PARSING_STACK) {
+        std::env::set_var("RUST_MIN_STACK", PARSING_STACK.to_string());
+    }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_stack_size(WORKER_STACK)
         .build()
     {
         Ok(runtime) => runtime,
@@ -20,7 +53,10 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::FAILED);
         }
     };
-    ExitCode::from(runtime.block_on(async_main(cli)))
+    // On a worker, not on the main thread that `block_on` would run it on: the stages run
+    // inside it (ingest drops and clones deliveries), and only workers have WORKER_STACK.
+    let code = runtime.block_on(async { runtime.spawn(async_main(cli)).await });
+    ExitCode::from(code.unwrap_or(exit::FAILED))
 }
 
 async fn async_main(cli: Cli) -> u8 {

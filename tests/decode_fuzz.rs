@@ -336,3 +336,83 @@ fn delays_are_exact_or_refused() {
         }
     }
 }
+
+/// A header value nesting `depth` tables or arrays (built iteratively), `width` siblings
+/// at the top.
+fn nested(depth: usize, arrays: bool, width: usize) -> FieldTable {
+    let mut value = AMQPValue::LongString("leaf".into());
+    for _ in 0..depth {
+        value = if arrays {
+            AMQPValue::FieldArray(FieldArray::from(vec![value]))
+        } else {
+            let mut t = FieldTable::default();
+            t.insert("a".into(), value);
+            AMQPValue::FieldTable(t)
+        };
+    }
+    let mut headers = FieldTable::default();
+    for i in 0..width {
+        headers.insert(short(format!("w{i}")), AMQPValue::LongLongInt(i as i64));
+    }
+    headers.insert("x-deep".into(), value);
+    headers
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Deep tables, deep arrays and wide tables: decoding returns Ok or Invalid, never
+    /// panics or overflows (this thread has the test harness's default stack), and
+    /// refuses exactly the values nesting deeper than 64 levels, naming the header.
+    #[test]
+    fn nesting_depth_and_width_are_decoded_or_refused(
+        depth in prop_oneof![0usize..80, 60usize..70, 1000usize..30_000],
+        arrays in any::<bool>(),
+        width in prop_oneof![0usize..4, 1000usize..3000],
+    ) {
+        let headers = nested(depth, arrays, width);
+        let props = BasicProperties::default()
+            .with_message_id("j".into())
+            .with_headers(headers);
+        let limits = Limits { max_delay_ms: 1000, max_body_bytes: 10 };
+        let got = decode_parts("t", &props, b"", limits);
+        if depth > redisched::amqp::MAX_HEADER_DEPTH {
+            prop_assert_eq!(
+                got.map(|_| ()),
+                Err(Invalid("header x-deep nests deeper than 64 levels".into()))
+            );
+        } else {
+            prop_assert!(got.is_ok(), "{got:?}");
+        }
+        // Dropping a 30,000-level value recurses in drop glue: not on this thread.
+        std::thread::Builder::new()
+            .stack_size(256 << 20)
+            .spawn(move || drop(props))
+            .expect("spawn")
+            .join()
+            .expect("drop");
+    }
+}
+
+/// Stored meta nesting deeper than the limit is refused before the recursive parser
+/// sees it; meta at the limit reads back.
+#[test]
+fn deep_stored_meta_is_refused_without_recursion() {
+    let encode = |depth: usize| {
+        // Headers only: flags, then {x: A[A[...]]} (5 bytes per level).
+        let mut meta = vec![0x20, 0x00];
+        meta.extend_from_slice(&((2 + 5 * depth) as u32).to_be_bytes());
+        meta.extend_from_slice(&[1, b'x']);
+        for i in 0..depth {
+            meta.push(b'A');
+            meta.extend_from_slice(&((5 * (depth - i - 1)) as u32).to_be_bytes());
+        }
+        meta
+    };
+    assert!(decode_meta(&encode(64)).is_ok());
+    let err = decode_meta(&encode(65)).expect_err("too deep");
+    assert!(err.contains("deeper than 64 levels"), "{err}");
+    // 200,000 levels: would overflow any stack if parsed recursively.
+    let err = decode_meta(&encode(200_000)).expect_err("too deep");
+    assert!(err.contains("deeper than 64 levels"), "{err}");
+}

@@ -15,8 +15,17 @@ use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 
 use crate::config::AmqpConfig;
 pub use properties::{
-    decode_meta, encode_meta, forwardable, job_id, outgoing_properties, with_plugin_delay,
+    decode_meta, encode_meta, forwardable, job_id, outgoing_properties, too_deep,
+    with_plugin_delay, MAX_HEADER_DEPTH,
 };
+
+/// The largest frame either connection negotiates (RabbitMQ's default `frame_max`). A
+/// content header must fit in one frame, so on a broker with the default setting this
+/// also bounds the deepest header a command can carry (the broker refuses a larger
+/// frame from a publisher); the threads that parse and drop deliveries get a stack
+/// measured to hold that depth (`src/main.rs`). Without a cap, a broker offering
+/// `frame_max = 0` (unlimited) would make lapin size its buffers for 4 GiB frames.
+pub const FRAME_MAX: u32 = 131_072;
 
 /// Header names of the wire contract. Producers and consumers code against these.
 pub mod headers {
@@ -72,6 +81,25 @@ pub enum AmqpError {
     NotConfirmed { exchange: String },
 }
 
+impl AmqpError {
+    /// Whether the session ended because the client library could not parse what the
+    /// broker sent (a delivery with a `message_id` that is not UTF-8, a header frame
+    /// larger than [`FRAME_MAX`]): the broker is fine, one message is not.
+    pub fn is_unparseable(&self) -> bool {
+        let AmqpError::Broker(err) = self else {
+            return false;
+        };
+        match err.kind() {
+            lapin::ErrorKind::ParsingError(_) => true,
+            lapin::ErrorKind::ProtocolError(e) => matches!(
+                e.kind(),
+                lapin::protocol::AMQPErrorKind::Hard(lapin::protocol::AMQPHardError::FRAMEERROR)
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// How long a polite goodbye (`basic.cancel`, `channel.close`, `connection.close`) may
 /// wait for the broker. Each of them waits for the broker's reply, so a broker that
 /// stopped answering (a hung node, a black-holed network) held up shutdown until the
@@ -123,6 +151,14 @@ pub async fn connect(
 async fn connect_one(config: &AmqpConfig, url: &str, name: &str) -> Result<Connection, AmqpError> {
     let mut uri: lapin::uri::AMQPUri = url.parse().map_err(AmqpError::Url)?;
     uri.query.heartbeat = Some(config.heartbeat_secs);
+    // The lower of the URL's frame_max (if any) and the cap; lapin then negotiates the
+    // lower of that and the broker's.
+    uri.query.frame_max = Some(
+        uri.query
+            .frame_max
+            .filter(|&given| given > 0)
+            .map_or(FRAME_MAX, |given| given.min(FRAME_MAX)),
+    );
     // Without a timeout a black-holed broker address would hang the connect forever.
     uri.query.connection_timeout.get_or_insert(10_000);
     let properties = ConnectionProperties::default().with_connection_name(name.into());

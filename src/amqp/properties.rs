@@ -11,6 +11,37 @@ use lapin::BasicProperties;
 use super::headers;
 use crate::store::ReservedJob;
 
+/// How deeply a header value may nest tables and arrays (a scalar is 0 levels, a table
+/// of scalars 1). Deeper commands are refused: the AMQP codec recurses once per level
+/// (parse, serialize, clone, drop), so an unbounded depth would be a stack overflow
+/// waiting for the right header. 64 is far beyond any real header.
+pub const MAX_HEADER_DEPTH: usize = 64;
+
+/// The first header (in key order) whose value nests tables and arrays deeper than
+/// [`MAX_HEADER_DEPTH`], as a reason in the producer's terms. An iterative walk with an
+/// explicit stack: it must not itself recurse on the depth it is measuring.
+pub fn too_deep(table: &FieldTable) -> Option<String> {
+    for (key, value) in table {
+        let mut pending: Vec<(&AMQPValue, usize)> = vec![(value, 0)];
+        while let Some((value, above)) = pending.pop() {
+            let children: Box<dyn Iterator<Item = &AMQPValue>> = match value {
+                AMQPValue::FieldTable(t) => Box::new(t.inner().values()),
+                AMQPValue::FieldArray(a) => Box::new(a.as_slice().iter()),
+                _ => continue,
+            };
+            let depth = above + 1;
+            if depth > MAX_HEADER_DEPTH {
+                return Some(format!(
+                    "header {} nests deeper than {MAX_HEADER_DEPTH} levels",
+                    key.as_str()
+                ));
+            }
+            pending.extend(children.map(|child| (child, depth)));
+        }
+    }
+    None
+}
+
 /// The part of a command's properties that is stored and forwarded: content type and
 /// encoding, type, app id, correlation id, priority, timestamp, and every header but
 /// the control ones and the bridge's own output headers (`x-redisched-error`, `-topic`,
@@ -119,6 +150,15 @@ pub fn decode_meta(meta: &[u8]) -> Result<AMQPProperties, String> {
     if meta.is_empty() {
         return Ok(AMQPProperties::default());
     }
+    // The parser recurses per nesting level; meta written by another client may nest as
+    // deep as its size allows, so the depth is measured first, without recursion.
+    if let Some(depth) = encoded_header_depth(meta) {
+        if depth > MAX_HEADER_DEPTH + 1 {
+            return Err(format!(
+                "unreadable properties: headers nest deeper than {MAX_HEADER_DEPTH} levels"
+            ));
+        }
+    }
     match parse_properties(meta) {
         Ok(([], props)) => Ok(props),
         Ok((rest, _)) => Err(format!(
@@ -126,6 +166,75 @@ pub fn decode_meta(meta: &[u8]) -> Result<AMQPProperties, String> {
             rest.len()
         )),
         Err(err) => Err(format!("unreadable properties: {err}")),
+    }
+}
+
+/// How deeply the headers table of AMQP-encoded basic properties nests (the table itself
+/// counts 1), found by walking the bytes with an explicit stack; `None` when there are no
+/// headers or the bytes are malformed before the walk could go on (the parser then
+/// refuses them at the same point, before it nests any deeper than the walk did).
+fn encoded_header_depth(meta: &[u8]) -> Option<usize> {
+    let flags = u16::from_be_bytes([*meta.first()?, *meta.get(1)?]);
+    // Property flags: content-type, content-encoding, headers, ... (bit 15 down); a set
+    // bit 0 would announce another flag word, which basic properties never need.
+    let mut at = 2;
+    if flags & 1 != 0 {
+        return None;
+    }
+    for bit in [0x8000u16, 0x4000] {
+        if flags & bit != 0 {
+            at += 1 + usize::from(*meta.get(at)?);
+        }
+    }
+    if flags & 0x2000 == 0 {
+        return None;
+    }
+    // Each open table or array: where it ends, and whether it is a table (whose entries
+    // start with a short-string key).
+    let mut open: Vec<(usize, bool)> = Vec::new();
+    let mut deepest = 0;
+    let mut value = Some(b'F');
+    loop {
+        if let Some(tag) = value.take() {
+            let fixed = match tag {
+                b't' | b'b' | b'B' => 1,
+                b's' | b'U' | b'u' => 2,
+                b'I' | b'i' | b'f' => 4,
+                b'L' | b'l' | b'd' | b'T' => 8,
+                b'D' => 5,
+                b'V' => 0,
+                b'S' | b'x' | b'A' | b'F' => {
+                    let len = u32::from_be_bytes(meta.get(at..at + 4)?.try_into().ok()?);
+                    at += 4;
+                    let end = at.checked_add(usize::try_from(len).ok()?)?;
+                    if tag == b'A' || tag == b'F' {
+                        open.push((end, tag == b'F'));
+                        deepest = deepest.max(open.len());
+                        if deepest > MAX_HEADER_DEPTH + 1 {
+                            return Some(deepest);
+                        }
+                        0
+                    } else {
+                        end - at
+                    }
+                }
+                _ => return Some(deepest),
+            };
+            at += fixed;
+        }
+        let &(end, is_table) = open.last()?;
+        if at >= end {
+            open.pop();
+            if open.is_empty() {
+                return Some(deepest);
+            }
+            continue;
+        }
+        if is_table {
+            at += 1 + usize::from(*meta.get(at)?);
+        }
+        value = Some(*meta.get(at)?);
+        at += 1;
     }
 }
 

@@ -10,7 +10,7 @@ use lapin::message::Delivery;
 use lapin::types::AMQPValue;
 use lapin::BasicProperties;
 
-use crate::amqp::{encode_meta, forwardable, headers, job_id, with_plugin_delay};
+use crate::amqp::{encode_meta, forwardable, headers, job_id, too_deep, with_plugin_delay};
 use crate::job::float_millis;
 use crate::job::{Due, JobId, PutMode, Topic};
 use crate::schedule::Schedule;
@@ -111,6 +111,11 @@ pub fn decode_parts(
     rules: Rules,
 ) -> Result<Decoded, Invalid> {
     let limits = rules.limits;
+    // First: everything below clones, encodes or compares header values, which recurses
+    // once per nesting level.
+    if let Some(reason) = props.headers().as_ref().and_then(too_deep) {
+        return Err(invalid(reason));
+    }
     let topic =
         Topic::new(routing_key).map_err(|e| invalid(format!("bad topic (routing key): {e}")))?;
     let id = job_id(props).map_err(invalid)?.ok_or_else(|| {

@@ -57,7 +57,31 @@ pub struct Ingest {
     /// Invalid commands are counted exactly in metrics; the log gets the first of each
     /// topic and a summary per window, not one line per command.
     pub warnings: Arc<LogThrottle>,
+    /// Whether a message the client library cannot parse is being isolated.
+    pub isolation: Isolation,
 }
+
+/// A message lapin cannot parse (a `message_id` that is not UTF-8, say) ends the AMQP
+/// connection before the bridge sees it, and every unacked delivery goes back to the
+/// queue with one more delivery counted: with the normal prefetch, a whole window of
+/// valid commands would reach the queue's delivery limit along with it. So after such
+/// an end, sessions consume *one command at a time* (prefetch 1, each acked once
+/// applied): then only the unparseable message is unacked when the connection ends, and
+/// only its count grows until the broker dead-letters it at `amqp.delivery_limit`.
+#[derive(Debug, Default)]
+pub struct Isolation {
+    careful: std::sync::atomic::AtomicBool,
+    /// Sessions ended by an unparseable message since isolation began.
+    ended: std::sync::atomic::AtomicU32,
+}
+
+/// A careful session returns to the normal prefetch once nothing arrived for this long
+/// with nothing in hand (the queue is empty: no unparseable message is left in it) ...
+const ISOLATION_IDLE: Duration = Duration::from_millis(500);
+// ... or once it applied a full normal window of commands one by one: quorum queues
+// redeliver returned messages before newer ones, so by then every command the failed
+// window returned was acked, and a valid command gains at most one delivery per
+// unparseable message met at the normal prefetch.
 
 /// Batches sent to Redis before the first of them came back: the next batch is applied
 /// while the previous one is still in Redis or being acked, which hides a round trip
@@ -130,8 +154,65 @@ impl Ingest {
         connection: &Connection,
         shutdown: CancellationToken,
     ) -> Result<(), AmqpError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        loop {
+            let careful = self.isolation.careful.load(Relaxed);
+            match self.consume(connection, &shutdown, careful).await {
+                // The unparseable message is gone: reopen at the normal prefetch, on the
+                // same connection (nothing is unacked at this point).
+                Ok(true) => {
+                    let ended = self.isolation.ended.swap(0, Relaxed);
+                    self.isolation.careful.store(false, Relaxed);
+                    tracing::info!(queue = %self.config.amqp.commands_queue, sessions_ended = ended, prefetch = self.config.ingest.prefetch, "the unparseable message is no longer at the head of the commands queue; consuming at the normal prefetch again");
+                }
+                Ok(false) => return Ok(()),
+                Err(err) if err.is_unparseable() => {
+                    self.isolate(&err);
+                    return Err(err);
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// After a session ended on a message the client library cannot parse: the next
+    /// sessions consume one command at a time (see [`Isolation`]). Logged once per
+    /// isolation, in the operator's terms.
+    fn isolate(&self, err: &AmqpError) {
+        use std::sync::atomic::Ordering::Relaxed;
         let cfg = &self.config.amqp;
-        let channel = amqp::consumer_channel(connection, self.config.ingest.prefetch).await?;
+        let ended = self.isolation.ended.fetch_add(1, Relaxed) + 1;
+        if self.isolation.careful.swap(true, Relaxed) {
+            tracing::debug!(queue = %cfg.commands_queue, sessions_ended = ended, error = %err, "the unparseable message ended another session");
+            return;
+        }
+        if cfg.quorum_queues && cfg.delivery_limit > 0 {
+            tracing::warn!(queue = %cfg.commands_queue, error = %err, delivery_limit = cfg.delivery_limit, invalid_exchange = %cfg.invalid_exchange,
+                "the commands queue holds a message the AMQP client cannot parse (it ended the connection); isolating it: consuming one command at a time, so the commands behind it are applied, until the broker dead-letters it to the invalid exchange after amqp.delivery_limit deliveries");
+        } else {
+            tracing::error!(queue = %cfg.commands_queue, error = %err,
+                "the commands queue holds a message the AMQP client cannot parse (it ended the connection); this queue has no delivery limit (amqp.quorum_queues = false or amqp.delivery_limit = 0), so the broker redelivers it forever and the commands behind it wait: remove it from the queue by hand (e.g. with the management UI); consuming one command at a time meanwhile");
+        }
+    }
+
+    /// One consumer on `connection` until shutdown, a broker error, or (`careful`: one
+    /// command at a time) until it is safe to return to the normal prefetch (`Ok(true)`).
+    async fn consume(
+        &self,
+        connection: &Connection,
+        shutdown: &CancellationToken,
+        careful: bool,
+    ) -> Result<bool, AmqpError> {
+        let shutdown = shutdown.clone();
+        let cfg = &self.config.amqp;
+        let (prefetch, batch_max) = if careful {
+            (1, 1)
+        } else {
+            (self.config.ingest.prefetch, self.config.ingest.batch)
+        };
+        let mut applied_carefully = 0usize;
+        let mut recovered = false;
+        let channel = amqp::consumer_channel(connection, prefetch).await?;
         let side = amqp::confirm_channel(connection).await?;
         let tag = format!("redisched-ingest-{}", std::process::id());
         let mut consumer = channel
@@ -142,7 +223,11 @@ impl Ingest {
                 FieldTable::default(),
             )
             .await?;
-        tracing::info!(queue = %cfg.commands_queue, "consuming commands");
+        if careful {
+            tracing::info!(queue = %cfg.commands_queue, "consuming commands one at a time (isolating an unparseable message)");
+        } else {
+            tracing::info!(queue = %cfg.commands_queue, "consuming commands");
+        }
 
         let epoch = Epoch::default();
         // Batches being applied, oldest first, with the jobs each names. A batch is acked
@@ -164,6 +249,11 @@ impl Ingest {
             if draining && in_flight.is_empty() {
                 break;
             }
+            let idle = held.is_none() && in_flight.is_empty();
+            if careful && idle && applied_carefully >= usize::from(self.config.ingest.prefetch) {
+                recovered = true;
+                break;
+            }
             let can_take = !draining && held.is_none() && in_flight.len() < BATCHES_IN_FLIGHT;
             tokio::select! {
                 biased;
@@ -173,10 +263,12 @@ impl Ingest {
                     named.pop_front();
                     match done {
                         Some(applied) => {
+                            let count = applied.batch.len();
                             // In batch order: replies and set-asides keep command order.
                             if let Some(last) = self.finish(&side, applied).await? {
                                 last.ack(BasicAckOptions { multiple: true }).await?;
                             }
+                            applied_carefully += count;
                         }
                         // Given up (shutdown or a closed channel while Redis was
                         // unreachable, or fenced): this batch and the ones after it stay
@@ -191,7 +283,7 @@ impl Ingest {
                             lapin::ChannelState::Closed, "consumer cancelled by the broker").into())),
                     };
                     let mut batch = vec![first];
-                    while batch.len() < self.config.ingest.batch {
+                    while batch.len() < batch_max {
                         match consumer.next().now_or_never() {
                             Some(Some(delivery)) => batch.push(delivery?),
                             _ => break,
@@ -199,6 +291,11 @@ impl Ingest {
                     }
                     let jobs = batch.iter().filter_map(job_key).collect();
                     held = Some((batch, jobs));
+                }
+                // Careful, and nothing came with nothing in hand: the queue is empty.
+                _ = tokio::time::sleep(ISOLATION_IDLE), if careful && idle && !draining => {
+                    recovered = true;
+                    break;
                 }
             }
         }
@@ -213,7 +310,7 @@ impl Ingest {
             let _ = side.close(200, "shutdown".into()).await;
         })
         .await;
-        Ok(())
+        Ok(recovered && !shutdown.is_cancelled())
     }
 
     /// Decodes and applies a batch; several may run at once. `None`: shutdown came, or
