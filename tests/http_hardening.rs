@@ -88,7 +88,11 @@ async fn every_response_carries_the_security_headers() {
     ] {
         let res = client
             .request(method.parse().unwrap(), site.url(path))
-            .bearer_auth(if status == 401 { "wrong" } else { "write-token" })
+            .bearer_auth(if status == 401 {
+                "wrong"
+            } else {
+                "write-token"
+            })
             .send()
             .await
             .unwrap();
@@ -168,7 +172,10 @@ async fn slow_loris_connections_are_closed_after_the_header_read_timeout() {
     let slowest = slowest.unwrap();
     println!("50 slow clients closed, the last after {slowest:?} (timeout 2 s)");
     // 2 s timeout; the rest is scheduling slack on a loaded machine.
-    assert!(slowest < 4 * SECOND, "last slow client closed after {slowest:?}");
+    assert!(
+        slowest < 4 * SECOND,
+        "last slow client closed after {slowest:?}"
+    );
     // A well-behaved client is still served.
     let res = client().get(site.url("/healthz")).send().await.unwrap();
     assert_eq!(res.status(), 200);
