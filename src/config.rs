@@ -758,6 +758,28 @@ mod tests {
     }
 
     #[test]
+    fn http_connection_limits_are_checked_in_user_terms() {
+        for (key, set) in [
+            (
+                "http.header_read_timeout_ms",
+                (|c: &mut Config| c.http.header_read_timeout_ms = 0) as fn(&mut Config),
+            ),
+            ("http.max_connections", |c: &mut Config| {
+                c.http.max_connections = 0
+            }),
+            ("http.max_connections", |c: &mut Config| {
+                c.http.max_connections = MAX_HTTP_CONNECTIONS + 1
+            }),
+        ] {
+            let mut config = Config::default();
+            set(&mut config);
+            let err = config.validate().unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        }
+        assert!(Config::default().validate().is_ok());
+    }
+
+    #[test]
     fn wait_settings_are_checked_in_user_terms() {
         let mut config = Config::default();
         assert_eq!(config.durability(), None, "0 replicas: no waiting at all");
