@@ -45,6 +45,9 @@ pub struct RedisConfig {
     pub wait_timeout_ms: u64,
 }
 
+/// `http.max_connections` above this is beyond any file-descriptor limit.
+pub const MAX_HTTP_CONNECTIONS: usize = 1_000_000;
+
 /// `redis.wait_replicas` above this is a mistake, not a deployment: ingest would stall.
 pub const MAX_WAIT_REPLICAS: u32 = 16;
 
@@ -139,6 +142,12 @@ pub struct HttpConfig {
     pub metrics_token: String,
     /// Permit a non-loopback listen address without a token.
     pub allow_public_without_token: bool,
+    /// A connection that has not sent a whole request head this long after it opened (or
+    /// after its previous response) is closed: slow or idle clients cannot hold a slot.
+    pub header_read_timeout_ms: u64,
+    /// Open connections at most (event streams included); further ones wait in the
+    /// listen backlog until one closes.
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -236,6 +245,8 @@ impl Default for HttpConfig {
             read_token: String::new(),
             metrics_token: String::new(),
             allow_public_without_token: false,
+            header_read_timeout_ms: 10_000,
+            max_connections: 1_024,
         }
     }
 }
@@ -451,6 +462,15 @@ impl Config {
             return Err(invalid(
                 "http.read_token",
                 "must differ from http.token, or it would grant writes",
+            ));
+        }
+        if self.http.header_read_timeout_ms == 0 {
+            return Err(invalid("http.header_read_timeout_ms", "must be > 0"));
+        }
+        if !(1..=MAX_HTTP_CONNECTIONS).contains(&self.http.max_connections) {
+            return Err(invalid(
+                "http.max_connections",
+                format!("must be 1..={MAX_HTTP_CONNECTIONS}"),
             ));
         }
         if !matches!(self.log.format.as_str(), "human" | "json") {
@@ -735,6 +755,28 @@ mod tests {
         assert!(err.to_string().contains("http.listen"), "{err}");
         config.http.token = "t".into();
         config.validate().expect("a token makes it fine");
+    }
+
+    #[test]
+    fn http_connection_limits_are_checked_in_user_terms() {
+        for (key, set) in [
+            (
+                "http.header_read_timeout_ms",
+                (|c: &mut Config| c.http.header_read_timeout_ms = 0) as fn(&mut Config),
+            ),
+            ("http.max_connections", |c: &mut Config| {
+                c.http.max_connections = 0
+            }),
+            ("http.max_connections", |c: &mut Config| {
+                c.http.max_connections = MAX_HTTP_CONNECTIONS + 1
+            }),
+        ] {
+            let mut config = Config::default();
+            set(&mut config);
+            let err = config.validate().unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        }
+        assert!(Config::default().validate().is_ok());
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! dispatched job arrive in the live feed, cancel another job and see it gone; the
 //! activity charts after a burst of commands and dispatches, the due histogram of a topic;
 //! pause and resume, parked and failing jobs with re-drive, the history panel; the page
-//! with a configured token and a read token. Leaves screenshots at artifacts/dashboard*.png
+//! with a configured token and a read token; the page under its Content-Security-Policy
+//! (no violation) and refused inside a frame of another origin; the layout at 1,400 px
+//! (long ids wrap, the topics table does not scroll). Leaves screenshots at artifacts/dashboard*.png
 //! and in the temp dir (the path is printed).
 //!
 //! The browser tests take turns (one chromium at a time: the machine has two cores).
@@ -989,4 +991,195 @@ async fn with_a_token_configured_the_page_needs_one_and_a_read_token_only_reads(
     wait_for(&client, "#live.on").await;
 
     client.close().await.expect("close the browser");
+}
+
+/// A page on another origin (its own port) that frames `target`.
+async fn framing_page(target: &str) -> (String, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let html = format!(
+        "<!doctype html><title>framer</title><iframe id=\"f\" src=\"{target}\" width=\"1200\" height=\"800\"></iframe>"
+    );
+    let task = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let html = html.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{html}",
+                    html.len()
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    (url, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_works_under_its_content_security_policy_and_cannot_be_framed() {
+    let _turn = BROWSER_TURN.lock().await;
+    let store = common::test_store().await;
+    let topic = Topic::new("csp").unwrap();
+    put(&store, &topic, "queued-1", Due::Delay(600_000)).await;
+    let site = Site::start(&store, Config::default()).await;
+    let driver = Driver::start();
+    let client = driver.browser().await;
+    client.goto(&format!("{}/", site.base)).await.unwrap();
+
+    // The inline script ran (rows rendered), its fetch and EventSource reached the
+    // server (connect-src), and the inline style applied (the header's colour).
+    wait_for(&client, "#live.on").await;
+    wait_for(&client, "#topics tr[data-topic='csp']").await;
+    wait_for(&client, "#jobs tr[data-id='queued-1']").await;
+    let header_bg = js(
+        &client,
+        "return getComputedStyle(document.querySelector('header')).backgroundColor;",
+    )
+    .await;
+    assert_eq!(
+        header_bg,
+        json!("rgb(29, 35, 48)"),
+        "the inline style applied"
+    );
+    // Whatever the page does from now on breaks no directive.
+    js(
+        &client,
+        "window.cspViolations = []; \
+         document.addEventListener('securitypolicyviolation', \
+           (e) => window.cspViolations.push(e.violatedDirective + ' ' + e.blockedURI)); \
+         return null;",
+    )
+    .await;
+    fill(&client, "#s-topic", "csp").await;
+    fill(&client, "#s-id", "from-the-page").await;
+    fill(&client, "#s-delay", "5m").await;
+    click(&client, "#s-submit").await;
+    wait_for(&client, "#jobs tr[data-id='from-the-page']").await;
+    site.state.feed.send(Event::Dispatched {
+        topic: "csp".into(),
+        id: "queued-1".into(),
+        due_at: 1,
+        attempt: 1,
+        at: 2,
+        lateness_ms: 1,
+    });
+    wait_for(
+        &client,
+        "#feed li[data-kind='dispatched'][data-id='queued-1']",
+    )
+    .await;
+    wait_for(&client, "#due-chart rect.bar").await;
+    let violations = js(&client, "return window.cspViolations;").await;
+    assert_eq!(violations, json!([]), "CSP violations in the page");
+
+    // Framed by a page of another origin (another port of this host): the browser
+    // refuses to render the dashboard inside it.
+    let (framer, server) = framing_page(&format!("{}/", site.base)).await;
+    client.goto(&framer).await.unwrap();
+    wait_for(&client, "#f").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    client.enter_frame(0).await.expect("enter the frame");
+    let inside = client
+        .execute(
+            "return [location.href, !!document.getElementById('live')];",
+            Vec::new(),
+        )
+        .await;
+    match inside {
+        Ok(value) => assert_eq!(
+            value[1],
+            json!(false),
+            "the dashboard rendered inside a frame of another origin: {value}"
+        ),
+        // A blocked frame holds the browser's error page; scripts may not even run there.
+        Err(e) => println!("frame not scriptable (blocked): {e}"),
+    }
+    client.enter_parent_frame().await.unwrap();
+    server.abort();
+    client.close().await.expect("close the browser");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_1400_px_long_ids_wrap_and_the_topics_table_needs_no_scrolling() {
+    let _turn = BROWSER_TURN.lock().await;
+    let store = common::test_store().await;
+    let long_id = "reminder-for-user-0123456789abcdef0123456789abcdef-weekly-digest-europe-west";
+    for name in ["emails-transactional", "billing", "reports-monthly"] {
+        let topic = Topic::new(name).unwrap();
+        put(&store, &topic, long_id, Due::Delay(600_000)).await;
+    }
+    let site = Site::start(&store, Config::default()).await;
+    let driver = Driver::start();
+    let client = driver.browser().await;
+    client.set_window_size(1400, 1000).await.expect("resize");
+    client.goto(&format!("{}/", site.base)).await.unwrap();
+    wait_for(&client, "#live.on").await;
+    wait_for(&client, "#topics tr[data-topic='reports-monthly']").await;
+    site.state.feed.send(Event::Dispatched {
+        topic: "emails-transactional".into(),
+        id: long_id.into(),
+        due_at: 1,
+        attempt: 1,
+        at: 2,
+        lateness_ms: 1,
+    });
+    let item = format!("#feed li[data-kind='dispatched'][data-id='{long_id}']");
+    wait_for(&client, &item).await;
+    let width = js(&client, "return document.documentElement.clientWidth;").await;
+    assert!(
+        width.as_i64().is_some_and(|w| (1_300..=1_400).contains(&w)),
+        "viewport {width}"
+    );
+    let file = screenshot_at(&client, "dashboard-1400", 1400).await;
+    println!("1,400 px screenshot: {}", file.display());
+
+    let topics = js(
+        &client,
+        "const box = document.getElementById('topics').closest('.scroll-x'); \
+         return [box.scrollWidth, box.clientWidth];",
+    )
+    .await;
+    assert!(
+        topics[0].as_i64() <= topics[1].as_i64(),
+        "the topics table scrolls horizontally at 1,400 px: [scrollWidth, clientWidth] = {topics}"
+    );
+    // The whole id is on screen (wrapped) and in the tooltip; nothing overflows the feed.
+    let feed = js(
+        &client,
+        &format!(
+            "const li = document.querySelector(\"{item}\"); const feed = document.getElementById('feed'); \
+             const text = li.children[1]; \
+             return [feed.scrollWidth, feed.clientWidth, text.scrollWidth, text.clientWidth, text.textContent, li.title];"
+        ),
+    )
+    .await;
+    assert!(
+        feed[0].as_i64() <= feed[1].as_i64() && feed[2].as_i64() <= feed[3].as_i64(),
+        "the feed overflows: {feed}"
+    );
+    assert!(
+        feed[4].as_str().is_some_and(|t| t.contains(long_id)),
+        "{feed}"
+    );
+    assert!(
+        feed[5].as_str().is_some_and(|t| t.contains(long_id)),
+        "the full value in the tooltip: {feed}"
+    );
+    client.close().await.expect("close the browser");
+}
+
+/// A screenshot in a `width` x 1300 window (temp dir and artifacts/), path returned.
+async fn screenshot_at(client: &Client, name: &str, width: u32) -> PathBuf {
+    client.set_window_size(width, 1300).await.expect("resize");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let png = client.screenshot().await.expect("screenshot");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("artifacts");
+    std::fs::create_dir_all(&dir).expect("artifacts dir");
+    std::fs::write(dir.join(format!("{name}.png")), &png).expect("write the screenshot");
+    let file = std::env::temp_dir().join(format!("{}-{name}.png", common::unique("shot")));
+    std::fs::write(&file, &png).expect("write the screenshot");
+    file
 }

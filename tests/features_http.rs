@@ -711,7 +711,11 @@ async fn the_cli_and_rest_answer_the_same_json() {
         .as_array()
         .unwrap()
         .iter()
-        .filter_map(|p| p["name"].as_str())
+        // A plain parameter, or a property of an exploded object (`every=…&cron=…`).
+        .flat_map(|p| match p["schema"]["properties"].as_object() {
+            Some(props) if p["explode"] == true => props.keys().map(String::as_str).collect(),
+            _ => p["name"].as_str().into_iter().collect::<Vec<_>>(),
+        })
         .collect();
     for name in ["every", "cron", "tz"] {
         assert!(put_params.contains(&name), "put documents {name}");

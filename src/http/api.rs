@@ -392,32 +392,142 @@ pub(super) fn parse_count(raw: &str) -> Option<u64> {
     Some(raw.parse::<u64>().unwrap_or(u64::MAX))
 }
 
-/// The OpenAPI document as served: `openapi.json` with the maxima that depend on this
-/// server's configuration (`limits.max_delay_ms`, `limits.max_body_bytes`) filled in
-/// where a schema carries `x-redisched-limit`.
+/// The OpenAPI document as served: `openapi.json` with what depends on this server's
+/// configuration (`limits.max_delay_ms`, `limits.max_body_bytes`) and clock filled in
+/// where a schema carries `x-redisched-limit` (a `maximum`, or for `delay` as text a
+/// `pattern`) or `x-redisched-example` (an `at` within the limit).
 pub(super) fn openapi_document(limits: crate::store::Limits) -> Value {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
     let mut doc: Value = serde_json::from_str(super::OPENAPI_JSON).unwrap_or_default();
-    fill_limits(&mut doc, limits);
+    fill_limits(&mut doc, limits, now_ms);
     doc
 }
 
-fn fill_limits(value: &mut Value, limits: crate::store::Limits) {
+fn fill_limits(value: &mut Value, limits: crate::store::Limits, now_ms: i64) {
     match value {
         Value::Object(map) => {
-            let maximum = match map.get("x-redisched-limit").and_then(Value::as_str) {
-                Some("max_delay_ms") => Some(serde_json::json!(limits.max_delay_ms)),
+            match map.get("x-redisched-limit").and_then(Value::as_str) {
+                Some("max_delay_ms") => {
+                    map.insert("maximum".into(), serde_json::json!(limits.max_delay_ms));
+                }
                 // `delay` of the original interface is in seconds.
-                Some("max_delay_s") => Some(serde_json::json!(limits.max_delay_ms as f64 / 1000.0)),
-                _ => None,
-            };
-            if let Some(maximum) = maximum {
-                map.insert("maximum".to_string(), maximum);
+                Some("max_delay_s") => {
+                    let max_s = limits.max_delay_ms as f64 / 1000.0;
+                    map.insert("maximum".into(), serde_json::json!(max_s));
+                }
+                Some("max_delay_s_text") => {
+                    map.insert(
+                        "pattern".into(),
+                        Value::String(seconds_text_pattern(limits.max_delay_ms)),
+                    );
+                }
+                _ => {}
             }
-            map.values_mut().for_each(|v| fill_limits(v, limits));
+            if map.get("x-redisched-example").and_then(Value::as_str) == Some("at") {
+                // Well inside the limit, whatever it is: half of it, at most a day ahead.
+                let ahead = (limits.max_delay_ms / 2).clamp(0, 86_400_000);
+                let at = crate::view::rfc3339(now_ms.saturating_add(ahead) / 1000 * 1000);
+                map.insert("example".into(), Value::String(at));
+            }
+            map.values_mut()
+                .for_each(|v| fill_limits(v, limits, now_ms));
         }
-        Value::Array(items) => items.iter_mut().for_each(|v| fill_limits(v, limits)),
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|v| fill_limits(v, limits, now_ms)),
         _ => {}
     }
+}
+
+/// Integer part digits of `delay` as text (the server reads no more).
+const DELAY_TEXT_DIGITS: usize = 10;
+
+/// A regular expression for `delay` as text (`-`, up to 10 integer and 9 fraction
+/// digits) whose value is at most `max_ms` / 1000 seconds: exactly the strings the
+/// server takes, so that one beyond the limit is outside the schema rather than a
+/// schema-valid request answered 422. No lookahead, for generators that lack it.
+fn seconds_text_pattern(max_ms: i64) -> String {
+    const FRACTION: &str = r"(\.[0-9]{1,9})?";
+    let negative = format!("-[0-9]{{1,{DELAY_TEXT_DIGITS}}}{FRACTION}");
+    let max_ms = u64::try_from(max_ms).unwrap_or(0);
+    let (whole, rest_ms) = (max_ms / 1000, max_ms % 1000);
+    let mut branches = vec![negative];
+    if whole.to_string().len() > DELAY_TEXT_DIGITS {
+        branches.push(format!("[0-9]{{1,{DELAY_TEXT_DIGITS}}}{FRACTION}"));
+    } else {
+        // Below the whole seconds of the limit: any fraction.
+        if whole > 0 {
+            for (digits, branch) in at_most(whole - 1) {
+                let zeros = DELAY_TEXT_DIGITS - digits;
+                branches.push(format!("0{{0,{zeros}}}({branch}){FRACTION}"));
+            }
+        }
+        // The whole seconds of the limit: a fraction up to its milliseconds.
+        let digits = whole.to_string().len();
+        let zeros = DELAY_TEXT_DIGITS - digits;
+        let fraction = fraction_at_most(&format!("{rest_ms:03}000000"));
+        branches.push(format!("0{{0,{zeros}}}{whole}(\\.({fraction}))?"));
+    }
+    format!("^({})$", branches.join("|"))
+}
+
+/// Regular expressions for the integers 0..=`max` without leading zeros, one per digit
+/// count: (digits, expression).
+fn at_most(max: u64) -> Vec<(usize, String)> {
+    let top = max.to_string();
+    let len = top.len();
+    let mut out = Vec::new();
+    // Fewer digits than `max`: all of them.
+    for digits in 1..len {
+        out.push((
+            digits,
+            match digits {
+                1 => "[0-9]".to_string(),
+                d => format!("[1-9][0-9]{{{}}}", d - 1),
+            },
+        ));
+    }
+    // As many digits: a prefix of `max`, one digit below it, then anything.
+    let bytes = top.as_bytes();
+    let mut same = Vec::new();
+    for (i, &b) in bytes.iter().enumerate() {
+        let digit = b - b'0';
+        let low = if i == 0 && len > 1 { 1 } else { 0 };
+        if digit > low {
+            let tail = len - i - 1;
+            let tail = if tail > 0 {
+                format!("[0-9]{{{tail}}}")
+            } else {
+                String::new()
+            };
+            same.push(format!("{}[{low}-{}]{tail}", &top[..i], digit - 1));
+        }
+    }
+    same.push(top.clone());
+    out.push((len, same.join("|")));
+    out
+}
+
+/// 1 to 9 fraction digits whose value, padded with zeros, is at most `limit` (9 digits).
+fn fraction_at_most(limit: &str) -> String {
+    let mut alternatives = Vec::new();
+    for (i, b) in limit.bytes().enumerate() {
+        let digit = b - b'0';
+        if digit > 0 {
+            let rest = limit.len() - i - 1;
+            let tail = if rest > 0 {
+                format!("[0-9]{{0,{rest}}}")
+            } else {
+                String::new()
+            };
+            alternatives.push(format!("{}[0-{}]{tail}", &limit[..i], digit - 1));
+        }
+        // A prefix of the limit itself: the padding zeros are no more than its rest.
+        alternatives.push(limit[..=i].to_string());
+    }
+    alternatives.join("|")
 }
 
 /// Reads a body of at most `limit` bytes; 413 past it.
@@ -521,5 +631,51 @@ mod tests {
         let text = doc.to_string();
         assert!(text.contains("\"maximum\":5000,"), "{text}");
         assert!(text.contains("\"maximum\":5.0,"), "{text}");
+    }
+
+    #[test]
+    fn the_delay_text_pattern_takes_exactly_the_delays_within_the_limit() {
+        for (max_ms, fits, beyond) in [
+            (
+                31_622_400_000,
+                &[
+                    "0",
+                    "31622400",
+                    "0031622400",
+                    "31622399.999999999",
+                    "31622400.000",
+                    "-9999999999.5",
+                    "1.5",
+                ][..],
+                &[
+                    "31622400.001",
+                    "31622401",
+                    "0304532528.03",
+                    "99999999",
+                    "00316224000",
+                    "",
+                ][..],
+            ),
+            (
+                1_500,
+                &["1.5", "1.499", "1.500000000", "0.9", "01"][..],
+                &["1.5001", "1.6", "2", "10"][..],
+            ),
+            (
+                90_000,
+                &["90", "89.99", "9", "0000000090"][..],
+                &["90.1", "91", "100", "00000000090"][..],
+            ),
+            (999, &["0.999", "0", "0.5"][..], &["1", "0.9991"][..]),
+        ] {
+            let pattern = seconds_text_pattern(max_ms);
+            let re = regex::Regex::new(&pattern).unwrap();
+            for text in fits {
+                assert!(re.is_match(text), "{text} within {max_ms} ms: {pattern}");
+            }
+            for text in beyond {
+                assert!(!re.is_match(text), "{text} beyond {max_ms} ms: {pattern}");
+            }
+        }
     }
 }

@@ -15,13 +15,17 @@ mod error;
 mod features;
 mod ops;
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use axum::http::{header, HeaderValue};
+use axum::http::{header, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -84,11 +88,74 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             auth::guard,
         ))
+        // Outermost, so refusals from the guard and 404s carry the headers too.
+        .layer(axum::middleware::map_response(security_headers))
         .with_state(state)
+}
+
+/// `sha256-<base64>` of the text between the first `open` tag and the next `close` tag
+/// of the dashboard: what a CSP names to allow that one inline block and nothing else.
+fn inline_hash(open: &str, close: &str) -> String {
+    let body = DASHBOARD_HTML
+        .split_once(open)
+        .and_then(|(_, rest)| rest.split_once(close))
+        .map_or("", |(body, _)| body);
+    use base64::Engine as _;
+    let digest = Sha256::digest(body.as_bytes());
+    format!(
+        "'sha256-{}'",
+        base64::engine::general_purpose::STANDARD.encode(digest)
+    )
+}
+
+/// One policy for every response. JSON needs none of it, but the same header everywhere
+/// means no route can be framed or sniffed by mistake. The dashboard is one page with one
+/// inline `<style>` and one inline `<script>`, allowed by hash; its `fetch` and
+/// `EventSource` go to this origin only.
+static CONTENT_SECURITY_POLICY: LazyLock<HeaderValue> = LazyLock::new(|| {
+    let policy = format!(
+        "default-src 'none'; script-src {}; style-src {}; connect-src 'self'; img-src 'self'; \
+         base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+        inline_hash("<script>", "</script>"),
+        inline_hash("<style>", "</style>"),
+    );
+    HeaderValue::from_str(&policy)
+        .unwrap_or_else(|_| HeaderValue::from_static("default-src 'none'; frame-ancestors 'none'"))
+});
+
+/// Adds the security headers to `response` (see README, *Security*).
+async fn security_headers(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        CONTENT_SECURITY_POLICY.clone(),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(
+        HeaderName::from_static("cross-origin-opener-policy"),
+        HeaderValue::from_static("same-origin"),
+    );
+    response
 }
 
 /// Serves [`router`] on `listener` until `shutdown` is cancelled, then lets open
 /// requests finish for up to [`SHUTDOWN_GRACE`].
+///
+/// HTTP/1 only, as before. Two limits from `[http]` guard against clients that hold
+/// connections: a connection that has not sent a whole request head within
+/// `header_read_timeout_ms` (from its opening, or from its previous response on a
+/// keep-alive connection) is closed; at most `max_connections` are open at once, and
+/// further ones are not accepted until one closes (they wait in the listen backlog). An
+/// event stream is one open connection for as long as it runs; once its request head is
+/// read the header timeout no longer applies to it.
 pub async fn serve(
     state: AppState,
     listener: tokio::net::TcpListener,
@@ -97,19 +164,81 @@ pub async fn serve(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "http admin api listening");
     }
+    let header_timeout = Duration::from_millis(state.config.http.header_read_timeout_ms);
+    let max_connections = state.config.http.max_connections.max(1);
     let app = router(state).layer(Extension(Shutdown(shutdown.clone())));
-    let server =
-        axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    tokio::select! {
-        result = server => result,
-        _ = async {
-            shutdown.cancelled().await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } => {
-            tracing::warn!("http admin api: open requests cut off after the shutdown grace");
-            Ok(())
-        }
+    let slots = Arc::new(Semaphore::new(max_connections));
+    // Cancelled after `shutdown`, once accepting stopped: every connection finishes its
+    // request in flight and closes.
+    let drain = CancellationToken::new();
+    loop {
+        let slot = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+        };
+        let stream = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    // Out of file descriptors and the like: wait rather than spin.
+                    tracing::debug!(%err, "http admin api: accept failed");
+                    if !is_connection_error(&err) {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    continue;
+                }
+            },
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let drain = drain.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            let conn = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
+            tokio::pin!(conn);
+            tokio::select! {
+                result = conn.as_mut() => {
+                    if let Err(err) = result {
+                        tracing::trace!(%err, "http connection ended");
+                    }
+                    return;
+                }
+                _ = drain.cancelled() => conn.as_mut().graceful_shutdown(),
+            }
+            if let Err(err) = conn.await {
+                tracing::trace!(%err, "http connection ended");
+            }
+        });
     }
+    drop(listener);
+    drain.cancel();
+    // Every connection holds a slot until it ends: all slots back = all connections closed.
+    let all_closed = slots.acquire_many(u32::try_from(max_connections).unwrap_or(u32::MAX));
+    if tokio::time::timeout(SHUTDOWN_GRACE, all_closed)
+        .await
+        .is_err()
+    {
+        tracing::warn!("http admin api: open requests cut off after the shutdown grace");
+    }
+    Ok(())
+}
+
+/// Errors of one connection that failed while being accepted, not of the listener.
+fn is_connection_error(err: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        err.kind(),
+        ErrorKind::ConnectionRefused | ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
+    )
 }
 
 async fn dashboard() -> Response {
