@@ -302,11 +302,7 @@ async fn a_full_redis_makes_readiness_fail_and_its_waiting_commands_land_once_me
     let broker = Broker::new(&config).await;
     let dir = TempDir::new("oom");
     let bridge = Bridge::start(&config, &[], &dir.path().join("bridge.log"));
-    let body = wait_readyz(&config, &bridge, |status, _| status == 200).await;
-    assert_eq!(
-        body["redis_health"]["eviction_policy"], "noeviction",
-        "{body}"
-    );
+    wait_readyz(&config, &bridge, |status, _| status == 200).await;
 
     // Fill it: maxmemory a little above what it uses, then filler until Redis says OOM.
     let used: u64 = redis
