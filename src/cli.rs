@@ -842,6 +842,7 @@ async fn check(
             "used_memory": health.used_memory,
             "maxmemory": health.maxmemory,
             "unknown_reason": health.unknown_reason,
+            "nodes": health.nodes,
             "problems": redis_problems,
         },
     });

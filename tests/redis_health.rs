@@ -438,3 +438,43 @@ async fn a_full_redis_makes_readiness_fail_and_its_waiting_commands_land_once_me
     drop(bridge);
     broker.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_every_primary_is_checked() {
+    let cluster = common::cluster::Cluster::start(3);
+    let masters = cluster.masters();
+    assert_eq!(masters.len(), 3, "{masters:?}");
+    // One primary of three evicts: that is enough to lose the jobs of its topics.
+    let odd = *masters.last().expect("a primary");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-random")
+        .query(
+            &mut redis::Client::open(format!("redis://127.0.0.1:{odd}/"))
+                .and_then(|c| c.get_connection())
+                .expect("connect to a primary"),
+        )
+        .expect("CONFIG SET");
+    let mut config = test_config("cluster-evict");
+    config.redis.url = cluster.url();
+    config.redis.response_timeout_ms = 2_000;
+    let (code, out) = check(&config, &[]);
+    assert_eq!(code, 6, "{out}");
+    assert!(
+        out.contains(&format!("allkeys-random on 127.0.0.1:{odd}")),
+        "{out}"
+    );
+    let dir = TempDir::new("cluster-evict");
+    let mut bridge = Bridge::start(&config, &[], &dir.path().join("bridge.log"));
+    let status = bridge.exited_within(30 * SECOND);
+    let log = bridge.log();
+    let status = status.unwrap_or_else(|| panic!("the bridge kept running:\n{log}"));
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains(&format!("allkeys-random on 127.0.0.1:{odd}")),
+        "{log}"
+    );
+    let broker = Broker::new(&config).await;
+    broker.cleanup().await;
+}

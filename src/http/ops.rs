@@ -81,6 +81,7 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Response {
             "used_memory": health.used_memory,
             "maxmemory": health.maxmemory,
             "unknown_reason": health.unknown_reason,
+            "nodes": health.nodes,
         },
     });
     if problems.is_empty() {

@@ -148,9 +148,8 @@ impl Executor {
         &self,
         cmd: &Cmd,
     ) -> Result<Result<Vec<(String, Value)>, RedisError>, StoreError> {
-        // The cluster client routes INFO and CONFIG GET to every primary and, with no
-        // way to merge the answers, maps each node's address to its reply.
-        let reply: RedisResult<Value> = cmd.query_async(&mut self.conn.clone()).await;
+        // On a cluster each primary's address maps to its reply (no way to merge them).
+        let reply = self.conn.current().on_primaries(cmd).await;
         let value = match reply {
             Ok(value) => value,
             Err(err) if err.code().is_some() => {

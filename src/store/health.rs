@@ -110,9 +110,9 @@ impl Probe {
                     }
                 })
                 .collect();
-            // One policy everywhere reads as that policy.
+            // One policy on every primary reads as that policy; otherwise name the nodes.
             let first = list[0].1;
-            if list.iter().all(|(_, p)| *p == first) {
+            if list.len() == self.nodes.len() && list.iter().all(|(_, p)| *p == first) {
                 return first.to_string();
             }
             names.sort();
@@ -165,6 +165,8 @@ pub struct HealthView {
     pub maxmemory: Option<u64>,
     /// Why the probe could not read the server's settings, if it could not.
     pub unknown_reason: Option<String>,
+    /// What each primary said at the last probe.
+    pub nodes: Vec<NodeHealth>,
 }
 
 #[derive(Debug, Default)]
@@ -333,6 +335,11 @@ impl RedisHealth {
                 None => Some("not probed yet".into()),
                 _ => None,
             },
+            nodes: state
+                .probe
+                .as_ref()
+                .map(|p| p.nodes.clone())
+                .unwrap_or_default(),
         }
     }
 
@@ -543,7 +550,7 @@ mod tests {
         };
         assert_eq!(
             probe.eviction(),
-            Eviction::Evicting("allkeys-lfu".into()),
+            Eviction::Evicting("allkeys-lfu on b:2".into()),
             "{probe:?}"
         );
         let probe = Probe {
