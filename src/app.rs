@@ -22,7 +22,7 @@ use crate::ingest::Ingest;
 use crate::log_throttle::{self, LogThrottle};
 use crate::metrics::{Metrics, Stage};
 use crate::requeue;
-use crate::store::{DueHints, Store};
+use crate::store::{DueHints, Eviction, RedisHealth, Store, HEALTH_PROBE_INTERVAL};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -32,6 +32,8 @@ pub enum AppError {
         #[source]
         source: std::io::Error,
     },
+    #[error("refusing to run: Redis may evict scheduled jobs under memory pressure (maxmemory-policy {policy}); set maxmemory-policy noeviction (or a volatile-* policy: redisched keys carry no TTL) on every Redis primary, or set redis.allow_eviction = true (REDISCHED_REDIS__ALLOW_EVICTION=true) to run anyway")]
+    EvictingRedis { policy: String },
 }
 
 /// Runs the bridge until `shutdown` is cancelled, then stops intake, drains in-flight
@@ -41,6 +43,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     let metrics = Arc::new(Metrics::new());
     let feed = Feed::new();
     let hints = Arc::new(DueHints::new());
+    // One view of Redis's health for every store of this process: readiness, metrics
+    // and logs read it.
+    let health = Arc::new(RedisHealth::new());
+    health.set_allow_eviction(config.redis.allow_eviction);
 
     // Bind first: a port conflict is a configuration error worth failing on at once.
     let listener = if config.http.enabled {
@@ -54,12 +60,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         None
     };
 
-    let Some(store) = connect_store(&config, &metrics, &shutdown).await else {
+    let Some(store) = connect_store(&config, &health, &shutdown).await else {
         return Ok(());
     };
+    check_eviction(&config, &store).await?;
     let tasks = TaskTracker::new();
     if let Some(listener) = listener {
-        let Some(http_store) = writing_store(&config, &metrics, &shutdown, &store).await else {
+        let Some(http_store) = writing_store(&config, &health, &shutdown, &store).await else {
             return Ok(());
         };
         let state = AppState {
@@ -85,7 +92,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         Duration::from_millis(config.dispatch.requeue_interval_ms),
         shutdown.clone(),
     ));
-    tasks.close();
 
     let warnings = Arc::new(LogThrottle::default());
     {
@@ -101,7 +107,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
             warnings.log_remaining();
         });
     }
-    let Some(ingest_store) = writing_store(&config, &metrics, &shutdown, &store).await else {
+    {
+        let (store, metrics, shutdown) = (store.clone(), metrics.clone(), shutdown.clone());
+        tasks.spawn(async move { probe_health(store, metrics, shutdown).await });
+    }
+    tasks.close();
+    let Some(ingest_store) = writing_store(&config, &health, &shutdown, &store).await else {
         return Ok(());
     };
     let ingest = Ingest {
@@ -161,24 +172,59 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     Ok(())
 }
 
+/// Refuses to run on a Redis whose eviction policy may delete jobs, unless
+/// `redis.allow_eviction` (then the probe warns). An unreadable policy (ACL) is said
+/// once by the probe and is no reason to stop; nor is a failed probe (retried later).
+async fn check_eviction(config: &Config, store: &Store) -> Result<(), AppError> {
+    match store.probe_health().await {
+        Ok(probe) => match probe.eviction() {
+            Eviction::Evicting(policy) if !config.redis.allow_eviction => {
+                Err(AppError::EvictingRedis { policy })
+            }
+            _ => Ok(()),
+        },
+        Err(err) => {
+            tracing::warn!(error = %err, retry_in = ?HEALTH_PROBE_INTERVAL, "cannot read Redis's eviction policy and memory yet");
+            Ok(())
+        }
+    }
+}
+
+/// Probes Redis's health every [`HEALTH_PROBE_INTERVAL`] (the store logs what changed)
+/// and keeps the Redis gauges current.
+async fn probe_health(store: Store, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+    let mut every = tokio::time::interval(HEALTH_PROBE_INTERVAL);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        if let Err(err) = store.probe_health().await {
+            tracing::debug!(error = %err, "Redis health probe failed");
+        }
+        metrics.set_redis_health(&store.health().view());
+    }
+}
+
 /// Waits for Redis (with backoff) instead of exiting: a bridge started before its
 /// Redis, or during a Redis restart, must not crash-loop. `None` on shutdown.
 async fn connect_store(
     config: &Config,
-    metrics: &Metrics,
+    health: &Arc<RedisHealth>,
     shutdown: &CancellationToken,
 ) -> Option<Store> {
     let mut backoff = Duration::from_millis(200);
     loop {
         match Store::connect(&config.connect_options(), config.limits()).await {
             Ok(store) => {
-                let store = store.with_history_max(config.history.max_per_topic);
-                metrics.redis_up.set(1);
+                let store = store
+                    .with_history_max(config.history.max_per_topic)
+                    .with_health(health.clone());
                 tracing::info!(url = %crate::config::redact_url(&config.redis.url), prefix = %config.redis.prefix, "connected to Redis");
                 return Some(store);
             }
             Err(err) => {
-                metrics.redis_up.set(0);
                 tracing::warn!(error = %err, retry_in = ?backoff, "cannot reach Redis yet");
             }
         }
@@ -196,14 +242,14 @@ async fn connect_store(
 /// connection, and dispatch must not queue behind one. `None` on shutdown.
 async fn writing_store(
     config: &Config,
-    metrics: &Metrics,
+    health: &Arc<RedisHealth>,
     shutdown: &CancellationToken,
     store: &Store,
 ) -> Option<Store> {
     let Some(durability) = config.durability() else {
         return Some(store.clone());
     };
-    let own = connect_store(config, metrics, shutdown).await?;
+    let own = connect_store(config, health, shutdown).await?;
     Some(own.with_durability(Some(durability)))
 }
 

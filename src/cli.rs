@@ -356,7 +356,13 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
             history(&connect(&config).await?, topic, id.as_ref(), *limit).await
         }
         Command::Check { topic, repair } => {
-            check(&connect(&config).await?, topic.as_ref(), *repair).await
+            check(
+                &connect(&config).await?,
+                topic.as_ref(),
+                *repair,
+                config.redis.allow_eviction,
+            )
+            .await
         }
     }
 }
@@ -775,7 +781,12 @@ async fn history(
     Ok(Output { json, human })
 }
 
-async fn check(store: &Store, topic: Option<&Topic>, repair: bool) -> Result<Output, CliError> {
+async fn check(
+    store: &Store,
+    topic: Option<&Topic>,
+    repair: bool,
+    allow_eviction: bool,
+) -> Result<Output, CliError> {
     let topics = match topic {
         Some(topic) => vec![topic.clone()],
         None => store.topics().await?,
@@ -787,14 +798,65 @@ async fn check(store: &Store, topic: Option<&Topic>, repair: bool) -> Result<Out
     let found: usize = reports.iter().map(|r| r.problems.len()).sum();
     let unrepaired: usize = reports.iter().map(|r| r.unrepaired()).sum();
     let examined: u64 = reports.iter().map(|r| r.examined).sum();
+    // The server itself: a policy that may evict jobs, or a full memory, is a problem
+    // no repair fixes (exit 6 like the others); an unreadable policy is only said.
+    store.probe_health().await?;
+    let health = store.health().view();
+    let mut redis_problems = Vec::new();
+    if health.eviction_policy_ok == Some(false) && !allow_eviction {
+        redis_problems.push(format!(
+            "maxmemory-policy {} may evict scheduled jobs: set maxmemory-policy noeviction, or redis.allow_eviction = true to accept the risk",
+            health.eviction_policy
+        ));
+    }
+    if let Some(oom) = &health.oom {
+        redis_problems.push(format!("out of memory, Redis refuses writes: {oom}"));
+    }
+    let redis_line = match (&health.eviction_policy_ok, &health.unknown_reason) {
+        (Some(true), _) => format!(
+            "redis: maxmemory-policy {} keeps jobs",
+            health.eviction_policy
+        ),
+        (Some(false), _) if allow_eviction => format!(
+            "redis: maxmemory-policy {} may evict scheduled jobs (allowed by redis.allow_eviction)",
+            health.eviction_policy
+        ),
+        (Some(false), _) => format!("redis: maxmemory-policy {}", health.eviction_policy),
+        (None, why) => format!(
+            "redis: maxmemory-policy unknown ({}); make sure it is noeviction",
+            why.as_deref().unwrap_or("not readable")
+        ),
+    };
     let json = json!({
         "repair": repair,
         "topics": reports,
         "examined": examined,
-        "problems": found,
-        "unrepaired": unrepaired,
+        "problems": found + redis_problems.len(),
+        "unrepaired": unrepaired + redis_problems.len(),
+        "redis": {
+            "eviction_policy": health.eviction_policy,
+            "eviction_policy_ok": health.eviction_policy_ok,
+            "eviction_allowed": allow_eviction,
+            "evicted_keys": health.evicted_keys,
+            "oom": health.oom.is_some(),
+            "used_memory": health.used_memory,
+            "maxmemory": health.maxmemory,
+            "unknown_reason": health.unknown_reason,
+            "nodes": health.nodes,
+            "problems": redis_problems,
+        },
     });
     let mut human = String::new();
+    human.push_str(&redis_line);
+    if let Some(evicted) = health.evicted_keys.filter(|&n| n > 0) {
+        human.push_str(&format!(
+            "; it has evicted {evicted} key(s) since it started (INFO evicted_keys)"
+        ));
+    }
+    human.push('\n');
+    for problem in &redis_problems {
+        human.push_str(&format!("  redis problem: {problem}\n"));
+    }
     for report in &reports {
         human.push_str(&format!(
             "{}: {} entries, {} problem(s){}\n",
@@ -827,8 +889,11 @@ async fn check(store: &Store, topic: Option<&Topic>, repair: bool) -> Result<Out
             (n, _) => format!("{n} problem(s); run with --repair to fix them"),
         }
     ));
+    if !redis_problems.is_empty() {
+        human.push_str(&format!("; {} Redis problem(s)", redis_problems.len()));
+    }
     let output = Output { json, human };
-    if unrepaired > 0 {
+    if unrepaired > 0 || !redis_problems.is_empty() {
         return Err(CliError::Problems(Box::new(output)));
     }
     Ok(output)

@@ -43,6 +43,9 @@ pub struct RedisConfig {
     /// How long one `WAIT` blocks; when fewer replicas confirmed by then, the batch
     /// stays unacked (logged) and the wait is asked again.
     pub wait_timeout_ms: u64,
+    /// Run although a Redis primary's `maxmemory-policy` may evict keys (`allkeys-*`),
+    /// which could silently delete scheduled jobs; `false` refuses to start on one.
+    pub allow_eviction: bool,
 }
 
 /// `http.max_connections` above this is beyond any file-descriptor limit.
@@ -169,6 +172,7 @@ impl Default for RedisConfig {
             tls_ca_file: String::new(),
             wait_replicas: 0,
             wait_timeout_ms: 1_000,
+            allow_eviction: false,
         }
     }
 }

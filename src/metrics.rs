@@ -196,6 +196,9 @@ pub struct Metrics {
     pub replication_shortfalls: Family<ShortfallLabels, Counter>,
     pub replication_wait: Histogram,
     pub redis_up: Gauge,
+    pub redis_oom: Gauge,
+    pub redis_eviction_policy_ok: Gauge,
+    pub redis_evicted_keys: Gauge,
     pub amqp_up: Gauge,
     registry: Registry,
     /// The latest per-topic snapshot; replaced whole by [`Metrics::set_topics`].
@@ -241,6 +244,11 @@ impl Metrics {
             30.0, 60.0,
         ]);
         let redis_up = Gauge::default();
+        let redis_oom = Gauge::default();
+        let redis_eviction_policy_ok = Gauge::default();
+        redis_eviction_policy_ok.set(-1);
+        let redis_evicted_keys = Gauge::default();
+        redis_evicted_keys.set(-1);
         let amqp_up = Gauge::default();
 
         let mut registry = Registry::with_prefix("redisched");
@@ -301,6 +309,21 @@ impl Metrics {
         );
         registry.register("redis_up", "1 while Redis answers", redis_up.clone());
         registry.register(
+            "redis_oom",
+            "1 while Redis refuses writes for lack of memory (maxmemory reached, nothing to evict)",
+            redis_oom.clone(),
+        );
+        registry.register(
+            "redis_eviction_policy_ok",
+            "1 when every Redis primary's maxmemory-policy keeps jobs (noeviction, volatile-*), 0 when one may evict them (allkeys-*), -1 unknown (INFO and CONFIG not allowed)",
+            redis_eviction_policy_ok.clone(),
+        );
+        registry.register(
+            "redis_evicted_keys",
+            "Keys the Redis primaries evicted since they started (INFO evicted_keys, summed); -1 unknown. A rise means data was evicted",
+            redis_evicted_keys.clone(),
+        );
+        registry.register(
             "amqp_up",
             "1 while the AMQP connection is open",
             amqp_up.clone(),
@@ -318,6 +341,9 @@ impl Metrics {
             replication_shortfalls,
             replication_wait,
             redis_up,
+            redis_oom,
+            redis_eviction_policy_ok,
+            redis_evicted_keys,
             amqp_up,
             registry,
             topics: Mutex::new(BTreeMap::new()),
@@ -348,6 +374,21 @@ impl Metrics {
                 reason: reason.into(),
             })
             .inc();
+    }
+
+    /// Copies the store's view of Redis (the one source of truth, see
+    /// `store::RedisHealth`) into the Redis gauges.
+    pub fn set_redis_health(&self, health: &crate::store::HealthView) {
+        self.redis_up.set(i64::from(health.reachable));
+        self.redis_oom.set(i64::from(health.oom.is_some()));
+        self.redis_eviction_policy_ok
+            .set(health.eviction_policy_ok.map_or(-1, i64::from));
+        self.redis_evicted_keys.set(
+            health
+                .evicted_keys
+                .and_then(|n| i64::try_from(n).ok())
+                .unwrap_or(-1),
+        );
     }
 
     /// Marks one stage's AMQP connection as up (topology declared) or down.

@@ -162,7 +162,6 @@ impl Confirmer {
                     break;
                 }
                 Err(err) => {
-                    self.metrics.redis_up.set(0);
                     tracing::warn!(error = %err, retry_in = ?backoff, "cannot release confirmed jobs yet");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));

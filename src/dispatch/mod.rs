@@ -197,7 +197,6 @@ impl Dispatcher {
                 continue;
             }
             if let Err(err) = self.update_plan(plan, poll).await {
-                self.metrics.redis_up.set(0);
                 tracing::warn!(error = %err, retry_in = ?redis_backoff, "redis unavailable; dispatch waits");
                 sleep_or_shutdown(redis_backoff, shutdown).await;
                 redis_backoff = (redis_backoff * 2).min(Duration::from_secs(5));
@@ -231,7 +230,6 @@ impl Dispatcher {
                 let reserved = match self.reserve_group(plan, group, ttr, each).await {
                     Ok(reserved) => reserved,
                     Err(err) => {
-                        self.metrics.redis_up.set(0);
                         tracing::warn!(error = %err, "reserve failed");
                         sleep_or_shutdown(redis_backoff, shutdown).await;
                         redis_backoff = (redis_backoff * 2).min(Duration::from_secs(5));
@@ -239,7 +237,6 @@ impl Dispatcher {
                     }
                 };
                 redis_backoff = Duration::from_millis(100);
-                self.metrics.redis_up.set(1);
                 if !self
                     .publish_reserved(channel, reserved, first_permit, window, in_flight)
                     .await?
@@ -471,7 +468,6 @@ impl Dispatcher {
             }
         }
         plan.last_rescan = Some(Instant::now());
-        self.metrics.redis_up.set(1);
         Ok(())
     }
 }

@@ -23,25 +23,66 @@ pub(super) async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// Ready when Redis answers and the AMQP topology is declared; 503 says which is not.
+/// Ready when Redis answers and accepts writes (no OOM; no eviction policy that may
+/// delete jobs unless `redis.allow_eviction`) and the AMQP topology is declared; 503
+/// says which is not. `redis` is "ok", "oom", "evicting" or why Redis does not answer;
+/// `redis_health` details what the store knows (see `store::RedisHealth`).
 pub(super) async fn readyz(State(state): State<AppState>) -> Response {
     let redis = match tokio::time::timeout(PING_TIMEOUT, state.store.ping()).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(err)) => Err(err.to_string()),
         Err(_) => Err(format!("no PING reply within {PING_TIMEOUT:?}")),
     };
+    if redis.is_ok() {
+        // Fresh figures when INFO is allowed: an idle bridge writes nothing that could
+        // tell that Redis accepts writes again. Best effort: the store keeps the rest.
+        let _ = tokio::time::timeout(PING_TIMEOUT, state.store.probe_health()).await;
+    }
+    let health = state.store.health().view();
+    state.metrics.set_redis_health(&health);
+    let allow_eviction = state.config.redis.allow_eviction;
     let amqp = state.metrics.topology_ready();
     let mut problems = Vec::new();
-    if let Err(err) = &redis {
-        problems.push(format!("redis: {err}"));
-    }
+    let redis_status = match &redis {
+        Err(err) => {
+            problems.push(format!("redis: {err}"));
+            err.clone()
+        }
+        Ok(()) if health.oom.is_some() => {
+            problems.push(format!(
+                "redis: out of memory, Redis refuses writes ({})",
+                health.oom.as_deref().unwrap_or_default()
+            ));
+            "oom".to_string()
+        }
+        Ok(()) if health.eviction_policy_ok == Some(false) && !allow_eviction => {
+            problems.push(format!(
+                "redis: maxmemory-policy {} may evict scheduled jobs (set noeviction, or redis.allow_eviction = true)",
+                health.eviction_policy
+            ));
+            "evicting".to_string()
+        }
+        Ok(()) => "ok".to_string(),
+    };
     if !amqp {
         problems.push("amqp: not connected or topology not declared".to_string());
     }
     let body = json!({
         "ready": problems.is_empty(),
-        "redis": match &redis { Ok(()) => "ok".to_string(), Err(err) => err.clone() },
+        "redis": redis_status,
         "amqp": if amqp { "ok" } else { "not ready" },
+        "redis_health": {
+            "writes": if health.oom.is_some() { "refused: out of memory" } else { "ok" },
+            "oom": health.oom.is_some(),
+            "eviction_policy": health.eviction_policy,
+            "eviction_policy_ok": health.eviction_policy_ok,
+            "eviction_allowed": allow_eviction,
+            "evicted_keys": health.evicted_keys,
+            "used_memory": health.used_memory,
+            "maxmemory": health.maxmemory,
+            "unknown_reason": health.unknown_reason,
+            "nodes": health.nodes,
+        },
     });
     if problems.is_empty() {
         (StatusCode::OK, Json(body)).into_response()
@@ -56,13 +97,20 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Response {
 /// Redis at scrape time), in the classic Prometheus text format or in OpenMetrics as
 /// `Accept` asks ([`Format::from_accept`]). If Redis does not answer, the per-topic
 /// series are left out (`redisched_redis_up` tells why) rather than failing the scrape.
+/// The Redis gauges come from the store's health (one source with `/readyz`), probed
+/// afresh.
 pub(super) async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
     let format = Format::from_accept(
         headers
             .get(header::ACCEPT)
             .and_then(|value| value.to_str().ok()),
     );
-    match topic_stats(&state).await {
+    let stats = topic_stats(&state).await;
+    if stats.is_ok() {
+        let _ = tokio::time::timeout(PING_TIMEOUT, state.store.probe_health()).await;
+    }
+    state.metrics.set_redis_health(&state.store.health().view());
+    match stats {
         Ok(rows) => state.metrics.set_topics(
             rows.iter()
                 .map(|(topic, stats)| (topic.to_string(), topic_snapshot(stats))),

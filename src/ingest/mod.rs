@@ -471,11 +471,9 @@ impl Ingest {
             }
             match call().await {
                 Ok(results) => {
-                    self.metrics.redis_up.set(1);
                     return Some(results);
                 }
                 Err(err) => {
-                    self.metrics.redis_up.set(0);
                     let level_error = !matches!(
                         err,
                         StoreError::Unavailable(_) | StoreError::NotReplicated { .. }

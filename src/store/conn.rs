@@ -61,6 +61,21 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// `cmd` on every primary: on a cluster a map of each primary's address to its reply
+    /// (a refusal as [`Value::ServerError`]); on a standalone Redis its one reply.
+    pub(super) async fn on_primaries(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+        match self {
+            Conn::Single(c) => cmd.query_async(c).await,
+            Conn::Cluster(c) => {
+                let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                c.route_command(cmd.clone(), every).await
+            }
+        }
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {

@@ -27,6 +27,7 @@ use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Value};
 use super::conn::{cluster_seeds, Conn};
 use super::durable::Durability;
 use super::error::{is_noscript, StoreError};
+use super::health::RedisHealth;
 use super::link::Link;
 use super::scripts::Scripts;
 use super::ConnectOptions;
@@ -91,6 +92,8 @@ pub(crate) struct Executor {
     /// Counts the times the scripts were loaded: at open, and after a `NOSCRIPT`, which
     /// means the server may have lost its data too (a restart, a failover).
     script_epoch: Arc<AtomicU64>,
+    /// Told the outcome of every round trip (answered, refused for memory, written).
+    health: Arc<RedisHealth>,
 }
 
 impl Executor {
@@ -109,9 +112,69 @@ impl Executor {
             cluster,
             scripts: Arc::new(Scripts::new()),
             script_epoch: Arc::new(AtomicU64::new(0)),
+            health: Arc::new(RedisHealth::new()),
         };
         executor.load_scripts().await?;
         Ok(executor)
+    }
+
+    pub(super) fn health(&self) -> &Arc<RedisHealth> {
+        &self.health
+    }
+
+    pub(super) fn set_health(&mut self, health: Arc<RedisHealth>) {
+        self.health = health;
+    }
+
+    /// A command that Redis refuses while out of memory: its success shows that Redis
+    /// accepts writes again. `put.lua` (which always adds to memory) and `INCR`.
+    fn grows(&self, cmd: &Cmd) -> bool {
+        let mut args = cmd.args_iter().filter_map(|arg| match arg {
+            redis::Arg::Simple(bytes) => Some(bytes),
+            _ => None,
+        });
+        match args.next() {
+            Some(b"EVALSHA") => args.next() == Some(self.scripts.put.get_hash().as_bytes()),
+            Some(b"INCR") => true,
+            _ => false,
+        }
+    }
+
+    /// Runs a server command (`INFO`, `CONFIG GET`) on every primary: each node's name
+    /// (`host:port` on a cluster, empty on a standalone Redis) and reply, a refusal as a
+    /// [`Value::ServerError`]. The inner error: a standalone Redis refused the command;
+    /// the outer one: Redis is unreachable.
+    pub(super) async fn query_primaries(
+        &self,
+        cmd: &Cmd,
+    ) -> Result<Result<Vec<(String, Value)>, RedisError>, StoreError> {
+        // On a cluster each primary's address maps to its reply (no way to merge them).
+        let reply = self.conn.current().on_primaries(cmd).await;
+        let value = match reply {
+            Ok(value) => value,
+            Err(err) if err.code().is_some() => {
+                self.health.observe_replies(&[], &[]);
+                return Ok(Err(err));
+            }
+            Err(err) => {
+                self.health.observe_error(&err);
+                return Err(StoreError::Unavailable(err));
+            }
+        };
+        self.health.observe_replies(&[], &[]);
+        if !self.cluster {
+            return Ok(Ok(vec![(String::new(), value)]));
+        }
+        match value {
+            Value::Map(pairs) => Ok(Ok(pairs
+                .into_iter()
+                .map(|(node, reply)| {
+                    let node = redis::from_redis_value::<String>(node).unwrap_or_default();
+                    (node, reply)
+                })
+                .collect())),
+            other => Ok(Ok(vec![(String::new(), other)])),
+        }
     }
 
     pub(crate) fn scripts(&self) -> &Scripts {
@@ -154,6 +217,23 @@ impl Executor {
         calls: &[Call],
         wait: Option<&Durability>,
     ) -> Result<Sent, StoreError> {
+        let sent = self.run_unobserved(calls, wait).await;
+        match &sent {
+            Ok((replies, _)) => {
+                let grows: Vec<bool> = calls.iter().map(|call| self.grows(&call.cmd)).collect();
+                self.health.observe_replies(replies, &grows);
+            }
+            Err(StoreError::Unavailable(err)) => self.health.observe_error(err),
+            Err(_) => {}
+        }
+        sent
+    }
+
+    async fn run_unobserved(
+        &self,
+        calls: &[Call],
+        wait: Option<&Durability>,
+    ) -> Result<Sent, StoreError> {
         let (mut replies, mut acks) = self.send(&calls.iter().collect::<Vec<_>>(), wait).await?;
         let lost: Vec<usize> = (0..replies.len())
             .filter(|&i| matches!(&replies[i], Err(err) if is_noscript(err)))
@@ -182,7 +262,17 @@ impl Executor {
 
     /// A plain command outside the scripts (`TIME`, `PING`, `SSCAN`…).
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, StoreError> {
-        Ok(cmd.query_async(&mut self.conn.clone()).await?)
+        let reply: RedisResult<Value> = cmd.query_async(&mut self.conn.clone()).await;
+        match &reply {
+            Ok(_) => self
+                .health
+                .observe_replies(std::slice::from_ref(&reply), &[self.grows(cmd)]),
+            Err(err) if err.code().is_some() => self
+                .health
+                .observe_replies(std::slice::from_ref(&reply), &[false]),
+            Err(err) => self.health.observe_error(err),
+        }
+        Ok(redis::from_redis_value(reply?).map_err(RedisError::from)?)
     }
 
     /// `SCRIPT LOAD`s every script; on a cluster each load goes to every primary.

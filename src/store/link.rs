@@ -69,6 +69,12 @@ where
         self.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The connection in use now (for calls the `ConnectionLike` interface cannot
+    /// express, such as a cluster command routed to every primary).
+    pub(crate) fn current(&self) -> C {
+        self.lock().conn.clone()
+    }
+
     fn snapshot(&self) -> (u64, C) {
         let slot = self.lock();
         (slot.generation, slot.conn.clone())

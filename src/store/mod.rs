@@ -14,7 +14,8 @@
 //! - `notify.rs`: the Pub/Sub notifications and the [`DueHints`] they feed;
 //! - `registry.rs`: the topics set, and what the store remembers registering in it;
 //! - `conn.rs`, `link.rs`: opening connections and replacing dead ones;
-//! - `durable.rs`: waiting for replicas (`WAIT`) after job writes (`redis.wait_replicas`).
+//! - `durable.rs`: waiting for replicas (`WAIT`) after job writes (`redis.wait_replicas`);
+//! - `health.rs`: is Redis answering, refusing writes (OOM), may it evict keys.
 //!
 //! Adding a script: `lua/<name>.lua`, its name in the list of `scripts.rs`, a typed
 //! method in `api.rs` (request and reply types in `types.rs`).
@@ -26,6 +27,7 @@ mod durable;
 mod error;
 mod exec;
 mod features;
+mod health;
 mod histogram;
 mod keys;
 mod link;
@@ -44,6 +46,9 @@ pub use conn::cluster_seeds;
 pub use durable::{Durability, Replication, WriteMark};
 pub use error::{RejectCode, Rejection, StoreError};
 use exec::Executor;
+pub use health::{
+    policy_keeps_jobs, Eviction, HealthView, NodeHealth, Probe, RedisHealth, HEALTH_PROBE_INTERVAL,
+};
 pub use histogram::{DueHistogram, MAX_HISTOGRAM_BUCKETS, MAX_HISTOGRAM_WINDOW_MS};
 pub use keys::{KeySpace, TopicKeys};
 pub use notify::{DueHints, SUBSCRIPTION_PING_INTERVAL};
