@@ -171,7 +171,10 @@ async fn connect_store(
     loop {
         match Store::connect(&config.connect_options(), config.limits()).await {
             Ok(store) => {
-                let store = store.with_history_max(config.history.max_per_topic);
+                // `validate()` compiled the policies at load: this cannot fail here.
+                let store = store
+                    .with_history_max(config.history.max_per_topic)
+                    .with_policies(config.compiled_policies().unwrap_or_default());
                 metrics.redis_up.set(1);
                 tracing::info!(url = %crate::config::redact_url(&config.redis.url), prefix = %config.redis.prefix, "connected to Redis");
                 return Some(store);

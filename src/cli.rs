@@ -268,7 +268,7 @@ impl CliError {
 /// The dotted config key an error is about, when it is known.
 pub fn config_key(err: &ConfigError) -> Option<String> {
     match err {
-        ConfigError::Invalid { key, .. } => Some((*key).to_string()),
+        ConfigError::Invalid { key, .. } => Some(key.clone()),
         ConfigError::Load(err) => Some(err.path.join(".")).filter(|k| !k.is_empty()),
     }
 }
@@ -368,6 +368,8 @@ async fn connect(config: &Config) -> Result<Store, CliError> {
             store
                 .with_history_max(config.history.max_per_topic)
                 .with_durability(config.durability())
+                // `validate()` compiled the policies at load: this cannot fail here.
+                .with_policies(config.compiled_policies().unwrap_or_default())
         })
         .map_err(|err| match err {
             StoreError::Unavailable(e) => CliError::Unavailable(format!(
