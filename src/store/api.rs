@@ -479,7 +479,7 @@ impl Store {
         let (Some(stats), Some(rate)) = (replies.next(), replies.next()) else {
             return Err(StoreError::bad_reply("stats", "a call got no reply"));
         };
-        let throttled = super::rate::decode_rate_state(rate?)?.throttled;
+        let rate = super::rate::decode_rate_state(rate?)?;
         let mut reply = Reader::new("stats", stats?)?;
         let mut count = |what| reply.int(what).map(|n| u64::try_from(n).unwrap_or(0));
         Ok(TopicStats {
@@ -493,7 +493,8 @@ impl Store {
             paused: count("paused")? == 1,
             failing: count("failing")?,
             history: count("history")?,
-            throttled,
+            throttled: rate.throttled,
+            rate_limit: rate.limit,
         })
     }
 

@@ -139,7 +139,7 @@ pub struct JobInfo {
 }
 
 /// A topic's jobs counted by state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct TopicStats {
     pub now: i64,
     pub scheduled: u64,
@@ -156,6 +156,9 @@ pub struct TopicStats {
     pub history: u64,
     /// Due jobs its rate limit holds back now (0 without a limit).
     pub throttled: u64,
+    /// The rate limit in force and where it comes from; `None`: unlimited.
+    #[serde(skip)]
+    pub rate_limit: Option<(crate::policy::RateLimit, RateSource)>,
 }
 
 /// Where the rate limit in force comes from.
