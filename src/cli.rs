@@ -129,6 +129,7 @@ pub enum Command {
     RateLimit {
         topic: Topic,
         /// `<n>/s` (jobs per second, fractions allowed), or `off`; omitted: show
+        #[arg(allow_hyphen_values = true)]
         rate: Option<String>,
         /// Jobs that may go at once after an idle spell (a whole number >= 1)
         #[arg(long, value_name = "K")]

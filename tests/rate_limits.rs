@@ -607,3 +607,170 @@ async fn three_bridges_share_one_limit_beside_an_unlimited_topic_through_a_chang
     assert!(p99 <= 50, "live topic p99 lateness {p99} ms > 50 ms");
     broker.cleanup().await;
 }
+
+// ------------------------------------------------------------------ the faces
+
+/// The HTTP API on a store of its own prefix.
+async fn http_server(prefix: &str) -> (String, tokio_util::sync::CancellationToken) {
+    use redisched::http::{self, AppState};
+    use std::sync::Arc;
+    let state = AppState {
+        store: common::test_store_named(prefix).await,
+        metrics: Arc::new(redisched::metrics::Metrics::new()),
+        feed: redisched::feed::Feed::new(),
+        config: Arc::new(redisched::config::Config::default()),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(http::serve(state, listener, shutdown.clone()));
+    (base, shutdown)
+}
+
+#[tokio::test]
+async fn the_rest_api_sets_shows_and_removes_a_live_limit_and_refuses_bad_ones() {
+    let test = common::test_store().await;
+    let ops: Vec<Op> = (0..30)
+        .map(|i| put("mail", &format!("m{i}"), Due::NOW))
+        .collect();
+    test.apply(&ops).await.unwrap();
+    let (base, shutdown) = http_server(&test.prefix).await;
+    let client = reqwest::Client::new();
+    let url = format!("{base}/v1/topics/mail/rate-limit");
+
+    let res = client
+        .put(&url)
+        .json(&serde_json::json!({"max_per_second": 20, "burst": 5}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({"topic": "mail", "changed": true, "throttled": 25,
+            "rate_limit": {"max_per_second": 20.0, "burst": 5, "source": "live"}})
+    );
+    // Every bridge reads it from Redis: a reserve through another store obeys it.
+    let batch = test
+        .reserve(&Topic::new("mail").unwrap(), Duration::from_secs(30), 100)
+        .await
+        .unwrap();
+    assert_eq!((batch.jobs.len(), batch.throttled), (5, 25));
+
+    for (body, needle) in [
+        (r#"{"max_per_second": 0}"#, "pause"),
+        (r#"{"max_per_second": -5}"#, "> 0"),
+        (r#"{"max_per_second": "fast"}"#, "JSON number"),
+        (r#"{"max_per_second": 1e300}"#, "0.001..="),
+        (r#"{"max_per_second": 5, "burst": 1.5}"#, "burst"),
+        (r#"{"max_per_second": 5, "burst": 0}"#, "burst"),
+        ("NaN", "JSON"),
+    ] {
+        let res = client
+            .put(&url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 400, "{body}");
+        let error: serde_json::Value = res.json().await.unwrap();
+        assert!(
+            error["error"].as_str().unwrap_or("").contains(needle),
+            "{body}: {error}"
+        );
+    }
+    // Nothing changed by the refusals.
+    let topics: serde_json::Value = client
+        .get(format!("{base}/v1/topics"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let row = &topics["topics"][0];
+    assert_eq!(row["throttled"], 25, "{row}");
+    assert_eq!(row["rate_limit"]["max_per_second"], 20.0, "{row}");
+    let metrics = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("redisched_jobs_throttled{topic=\"mail\"} 25\n"),
+        "{metrics}"
+    );
+
+    let res = client.delete(&url).send().await.unwrap();
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["changed"], true);
+    assert_eq!(body["rate_limit"], serde_json::Value::Null);
+    assert_eq!(body["throttled"], 0);
+    let body: serde_json::Value = client.delete(&url).send().await.unwrap().json().await.unwrap();
+    assert_eq!(body["changed"], false);
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn the_cli_sets_and_removes_a_limit_over_a_policy_of_its_config_file() {
+    use clap::Parser;
+    let test = common::test_store().await;
+    let config = std::env::temp_dir().join(format!("{}.toml", common::unique("rate-cli")));
+    std::fs::write(
+        &config,
+        format!(
+            "[redis]\nurl = {:?}\nprefix = {:?}\n\n[[policies]]\ntopics = [\"mail.#\"]\nmax_per_second = 2\nburst = 3\n",
+            common::redis_url(),
+            test.prefix
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let config = config.to_string_lossy().into_owned();
+        let argv: Vec<String> = ["redisched", "--config", config.as_str()]
+            .iter()
+            .chain(args)
+            .map(|s| s.to_string())
+            .collect();
+        async move {
+            let cli = redisched::cli::Cli::try_parse_from(argv).expect("parses");
+            redisched::cli::execute(&cli)
+                .await
+                .map(|out| out.render(cli.json))
+                .map_err(|e| (e.exit_code(), e.to_string()))
+        }
+    };
+    let shown = run(&["rate-limit", "mail.welcome"]).await.unwrap();
+    assert!(
+        shown.contains("limited to 2/s, burst 3 (the configuration's [[policies]])"),
+        "{shown}"
+    );
+    let set = run(&["--json", "rate-limit", "mail.welcome", "0.5/s", "--burst", "2"])
+        .await
+        .unwrap();
+    let set: serde_json::Value = serde_json::from_str(&set).unwrap();
+    assert_eq!(
+        set["rate_limit"],
+        serde_json::json!({"max_per_second": 0.5, "burst": 2, "source": "live"})
+    );
+    for (args, needle) in [
+        (&["rate-limit", "mail.welcome", "0/s"][..], "pause"),
+        (&["rate-limit", "mail.welcome", "-1/s"], "> 0"),
+        (&["rate-limit", "mail.welcome", "fast"], "<n>/s"),
+        (&["rate-limit", "mail.welcome", "5/s", "--burst", "1.5"], "burst"),
+        (&["rate-limit", "mail.welcome", "--burst", "2"], "needs a rate"),
+    ] {
+        let (code, message) = run(args).await.expect_err("refused");
+        assert!(code == 2 && message.contains(needle), "{args:?}: {code} {message}");
+    }
+    let stats = run(&["stats", "mail.welcome"]).await.unwrap();
+    assert!(stats.contains("0.5/s, burst 2"), "{stats}");
+    let off = run(&["rate-limit", "mail.welcome", "off"]).await.unwrap();
+    assert!(off.contains("(the configuration's [[policies]])"), "{off}");
+    let _ = std::fs::remove_file(&config);
+}
