@@ -13,14 +13,14 @@ use serde_json::{json, Value};
 
 use crate::config::{Config, ConfigError};
 use crate::job::{Due, JobId, PutMode, Topic};
-use crate::schedule::Schedule;
 use crate::policy::RateLimit;
+use crate::schedule::Schedule;
 use crate::store::{
     JobState, ListWhich, PutRequest, RateSource, Rejection, Store, StoreError, MAX_BATCH,
 };
 use crate::view::{
-    self, rfc3339, DeleteView, HistoryView, JobView, ListView, PauseView, PutView,
-    RateLimitView, RedriveView, ScheduleFields, TopicsView,
+    self, rfc3339, DeleteView, HistoryView, JobView, ListView, PauseView, PutView, RateLimitView,
+    RedriveView, ScheduleFields, TopicsView,
 };
 
 /// Exit codes of every command.
@@ -727,9 +727,9 @@ fn rate_change(
             "--burst needs a rate: redisched rate-limit <topic> <n>/s --burst <k>".into(),
         )),
         None => Ok(None),
-        Some("off") if burst.is_some() => Err(CliError::Usage(
-            "--burst makes no sense with `off`".into(),
-        )),
+        Some("off") if burst.is_some() => {
+            Err(CliError::Usage("--burst makes no sense with `off`".into()))
+        }
         Some("off") => Ok(Some(None)),
         Some(rate) => {
             let rate = RateLimit::parse_rate(rate).map_err(usage)?;

@@ -804,22 +804,43 @@ mod tests {
             for (body, key, needle) in [
                 ("max_per_second = 0", "policies[0].max_per_second", "pause"),
                 ("max_per_second = -2", "policies[0].max_per_second", "> 0"),
-                ("max_per_second = 1e12", "policies[0].max_per_second", "0.001..="),
-                ("max_per_second = 5\nburst = 0", "policies[0].burst", "whole number"),
-                ("max_per_second = 5\nburst = 2.5", "policies[0].burst", "whole number"),
+                (
+                    "max_per_second = 1e12",
+                    "policies[0].max_per_second",
+                    "0.001..=",
+                ),
+                (
+                    "max_per_second = 5\nburst = 0",
+                    "policies[0].burst",
+                    "whole number",
+                ),
+                (
+                    "max_per_second = 5\nburst = 2.5",
+                    "policies[0].burst",
+                    "whole number",
+                ),
                 ("burst = 2", "policies[0].burst", "needs max_per_second"),
             ] {
-                jail.create_file("bad.toml", &format!("[[policies]]\ntopics = [\"a\"]\n{body}\n"))?;
+                jail.create_file(
+                    "bad.toml",
+                    &format!("[[policies]]\ntopics = [\"a\"]\n{body}\n"),
+                )?;
                 let err = Config::load(Some(Path::new("bad.toml"))).expect_err(body);
                 assert!(
                     err.to_string().contains(key) && err.to_string().contains(needle),
                     "{body}: {err}"
                 );
             }
-            jail.create_file("bad.toml", "[[policies]]\ntopics = [\"a.b*\"]\nmax_per_second = 1\n")?;
+            jail.create_file(
+                "bad.toml",
+                "[[policies]]\ntopics = [\"a.b*\"]\nmax_per_second = 1\n",
+            )?;
             let err = Config::load(Some(Path::new("bad.toml"))).expect_err("pattern");
             assert!(err.to_string().contains("policies[0].topics"), "{err}");
-            jail.create_file("bad.toml", "[[policies]]\ntopics = [\"a\"]\nmax_per_second = \"fast\"\n")?;
+            jail.create_file(
+                "bad.toml",
+                "[[policies]]\ntopics = [\"a\"]\nmax_per_second = \"fast\"\n",
+            )?;
             let err = Config::load(Some(Path::new("bad.toml"))).expect_err("not a number");
             assert!(err.to_string().contains("max_per_second"), "{err}");
             Ok(())

@@ -68,7 +68,9 @@ impl RateLimit {
     }
 
     pub fn default_burst(max_per_second: f64) -> u32 {
-        (max_per_second / 10.0).ceil().clamp(1.0, f64::from(MAX_BURST)) as u32
+        (max_per_second / 10.0)
+            .ceil()
+            .clamp(1.0, f64::from(MAX_BURST)) as u32
     }
 
     /// The CLI form: `<n>/s` (or a bare number), e.g. `200/s`, `0.5/s`.
