@@ -680,35 +680,40 @@ async fn stats(store: &Store, topic: Option<&Topic>) -> Result<Output, CliError>
             .max()
             .unwrap_or(5)
             .max(5);
+        let limits: Vec<String> = rows
+            .iter()
+            .map(|(_, s)| match s.rate_limit {
+                Some((limit, RateSource::Live)) => limit.to_string(),
+                Some((limit, RateSource::Policy)) => format!("{limit} (policy)"),
+                None => "-".into(),
+            })
+            .collect();
+        let limit_width = limits.iter().map(String::len).max().unwrap_or(1).max(10);
+        // PAUSED stays last: scripts read a paused topic's row as ending in `yes`.
         let mut out = format!(
-            "{:<width$}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>6}  {:>9}  {}\n",
+            "{:<width$}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>9}  {:<limit_width$}  {:>6}\n",
             "TOPIC",
             "SCHEDULED",
             "DUE NOW",
             "RESERVED",
             "PARKED",
             "FAILING",
-            "PAUSED",
             "THROTTLED",
-            "RATE LIMIT"
+            "RATE LIMIT",
+            "PAUSED"
         );
-        for (topic, s) in &rows {
-            let limit = match s.rate_limit {
-                Some((limit, RateSource::Live)) => limit.to_string(),
-                Some((limit, RateSource::Policy)) => format!("{limit} (policy)"),
-                None => "-".into(),
-            };
+        for ((topic, s), limit) in rows.iter().zip(&limits) {
             out.push_str(&format!(
-                "{:<width$}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>6}  {:>9}  {}\n",
+                "{:<width$}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>9}  {:<limit_width$}  {:>6}\n",
                 topic.as_str(),
                 s.scheduled,
                 s.due_now,
                 s.reserved,
                 s.parked,
                 s.failing,
-                if s.paused { "yes" } else { "no" },
                 s.throttled,
-                limit
+                limit,
+                if s.paused { "yes" } else { "no" },
             ));
         }
         out.trim_end().to_string()
