@@ -559,6 +559,8 @@ async fn three_bridges_share_one_limit_beside_an_unlimited_topic_through_a_chang
     let arrivals: Vec<i64> = bulk.iter().map(|(at, _)| *at).collect();
     let first = *arrivals.first().expect("bulk deliveries");
     let (busiest_200, busiest_200_at) = busiest_second(&arrivals, first, changed - 1_000);
+    // Once the opening burst is spent: the steady state.
+    let (busiest_steady, _) = busiest_second(&arrivals, first + 1_000, changed - 1_000);
     let (busiest_50, _) = busiest_second(&arrivals, changed + 1_000, end - 1_000);
     let count_in = |from: i64, to: i64| arrivals.iter().filter(|&&t| t >= from && t < to).count();
     let steady = (first + 1_000, changed);
@@ -584,7 +586,8 @@ async fn three_bridges_share_one_limit_beside_an_unlimited_topic_through_a_chang
     let live_ids: HashSet<&str> = live.iter().map(|(_, _, id)| id.as_str()).collect();
     eprintln!(
         "rate limits, {seconds} s, {backlog} jobs, 3 bridges (one SIGKILLed at {} s, limit 200 -> 50/s at {} s): \
-         bulk delivered {} ({} distinct), mean {rate_200:.1}/s at 200 (busiest 1-s window {busiest_200}, {busiest_200_at} ms after the first delivery), \
+         bulk delivered {} ({} distinct), mean {rate_200:.1}/s at 200 (busiest 1-s window {busiest_200}, {busiest_200_at} ms after the first delivery; \
+         {busiest_steady} after the first second), \
          {rate_50:.1}/s at 50 (busiest {busiest_50}); left in the store {}; \
          live topic {} of {produced} delivered, lateness p50 {p50} ms, p99 {p99} ms, max {} ms, {early} early",
         (kill_at - start) / 1000,
@@ -595,9 +598,19 @@ async fn three_bridges_share_one_limit_beside_an_unlimited_topic_through_a_chang
         live_ids.len(),
         lateness.last().copied().unwrap_or(0),
     );
+    // The store takes at most burst + 200 in any second (the opening one: the burst at
+    // once, then a token every 5 ms). Windows are measured on arrival at the consumer,
+    // where a few ms of publish-latency spread shift the token due exactly 1 s after the
+    // burst (or one more) into the opening window: 219..=222 were seen there, so that
+    // window gets JITTER jobs (10 ms at 200/s); every later window must meet the bound.
+    const JITTER: usize = 2;
     assert!(
-        busiest_200 <= 200 + BURST,
-        "a 1-s window delivered {busiest_200} > 200 + burst"
+        busiest_200 <= 200 + BURST + JITTER,
+        "a 1-s window delivered {busiest_200} > 200 + burst + {JITTER} of arrival jitter"
+    );
+    assert!(
+        busiest_steady <= 200 + BURST,
+        "a 1-s window after the opening burst delivered {busiest_steady} > 200 + burst"
     );
     assert!(
         (196.0..=204.0).contains(&rate_200),
