@@ -1,15 +1,19 @@
 --[[ redisched reserve: take up to `limit` due jobs for delivery, under a time-to-run.
 
 KEYS: 1 scheduled ZSET, 2 reserved ZSET, 3 jobs HASH, 4 seq STRING, and optionally
-  5 damaged, 6 paused STRING, 7 history, 8 failing (the full list, see put.lua). With
-  the full list a paused topic gives nothing (see pause.lua); with four keys the pause
-  is not seen (version-1 callers).
+  5 damaged, 6 paused STRING, 7 history, 8 failing (the full list, see put.lua), and
+  optionally after them 9 rate HASH (the topic's rate limit and its state). With the
+  full list a paused topic gives nothing (see pause.lua); with four keys the pause is
+  not seen (version-1 callers). Only with the ninth key is a rate limit seen.
 ARGV:
   1 ttr_ms  integer 1..10^12; the reservation lasts this long; after it, requeue.lua makes the job due again
   2 limit   1..1000 jobs at most
   3 max     optional epoch ms (integer, '' for none): take only jobs due at or before
             min(max, now), e.g. to stop at a time the caller planned for
-Reply: { now, next_due, jobs, corrupt, paused }
+  4 max_per_second  optional (nine keys), the caller's default limit when `rate` holds
+            none (a policy of its configuration): a decimal 0.001..1000000, '' for none
+  5 burst   with 4: integer 1..1000000
+Reply: { now, next_due, jobs, corrupt, paused [, throttled, next_token] }
   now       the server's clock, epoch ms
   next_due  due time of the earliest job still scheduled (parked jobs excluded), or -1
             when none is left, or when the topic is paused
@@ -21,12 +25,24 @@ Reply: { now, next_due, jobs, corrupt, paused }
   corrupt   ids whose record was missing or unreadable: taken off the schedule (their
             record, if any, is kept for `redisched check`) so they cannot block the topic
   paused    1 if the topic is paused (then jobs is empty), else 0
+  throttled (nine keys) due jobs the rate limit held back in this call, 0 if it held
+            back none
+  next_token (nine keys) epoch ms from which the limit lets the next job go (now if it
+            would at once), -1 when no limit applies: a caller plans the topic for
+            max(next_due, next_token)
   With four keys the reply has the version-1 shape: { now, next_due, jobs, corrupt },
   jobs without spec.
-Errors: INVALID_ARGUMENT (keys, ttr_ms, limit, max), WRONGTYPE (from Redis).
+Rate limit: a GCRA (token bucket) on the server's clock: `max_per_second` jobs per
+  second on average, up to `burst` at once after an idle spell; in any window of w
+  seconds at most burst + max_per_second * w jobs are taken, by all callers together.
+  The live limit (fields max_per_second, burst of `rate`, written by rate_limit.lua)
+  overrides ARGV 4-5; the state (field tat) lives in the same hash.
+Errors: INVALID_ARGUMENT (keys, ttr_ms, limit, max, max_per_second, burst), WRONGTYPE
+  (from Redis).
 Invariant: each job moves from `scheduled` to `reserved` atomically; a job is never
 taken before its due time by the server's clock; tokens are unique per topic; parked
-jobs (score 10^17) and paused topics are never taken.
+jobs (score 10^17) and paused topics are never taken; the limit holds for the sum of
+all callers that pass the ninth key; within a topic jobs are taken earliest first.
 ]]
 local scheduled, reserved, jobs, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ttr, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -199,7 +215,18 @@ local function history_push(key, max, entries)
   end
 end
 -- <<< shared <<<
-local full, bad_keys = full_keys('reserve', 4)
+-- A rate in jobs per second: a decimal 0.001..1000000 of at most 16 characters, else nil
+-- (also in rate_limit.lua; kept out of shared.lua so other scripts do not carry it).
+local function rate_arg(value)
+  if type(value) == 'string' and #value <= 16 and
+    (string.find(value, '^%d+%.?%d*$') or string.find(value, '^%.%d+$')) then
+    local r = tonumber(value)
+    if r and r >= 0.001 and r <= 1000000 then
+      return r
+    end
+  end
+end
+local full, bad_keys = full_keys('reserve', 4, true)
 if bad_keys then
   return bad_keys
 end
@@ -215,8 +242,32 @@ if ARGV[3] and #ARGV[3] > 0 then
   end
 end
 
+-- The rate limit in force: the live one stored in KEYS[9], else the caller's default.
+local rate_key = KEYS[9]
+local interval, burst, live
+if rate_key then
+  local stored = redis.call('HMGET', rate_key, 'max_per_second', 'burst', 'tat')
+  local per_s, b = stored[1], stored[2]
+  live = per_s ~= false
+  if not live and ARGV[4] and ARGV[4] ~= '' then
+    per_s, b = ARGV[4], ARGV[5]
+  end
+  if per_s then
+    local r, n = rate_arg(per_s), int_arg(b)
+    if not r or not n or n < 1 or n > 1000000 then
+      return redis.error_reply('INVALID_ARGUMENT max_per_second must be a decimal 0.001..1000000 and burst an integer 1..1000000, got '
+        .. tostring(per_s) .. ' and ' .. tostring(b))
+    end
+    interval, burst = 1000 / r, n
+    rate_key = { key = rate_key, tat = tonumber(stored[3] or '') }
+  end
+end
+
 local now = now_ms()
 if full and redis.call('GET', KEYS[6]) then
+  if rate_key then
+    return { now, -1, {}, {}, 1, 0, -1 }
+  end
   return { now, -1, {}, {}, 1 }
 end
 local upto = now
@@ -224,7 +275,26 @@ if max then
   upto = math.min(now, max)
 end
 
-local ids = redis.call('ZRANGEBYSCORE', scheduled, '-inf', fmt(upto), 'LIMIT', 0, limit)
+-- Tokens left: burst minus the jobs taken ahead of the schedule (tat, the theoretical
+-- arrival time, runs ahead of now by one interval per job taken early).
+local tat, allowed = now, limit
+if interval then
+  if rate_key.tat and rate_key.tat > now then
+    tat = rate_key.tat
+  end
+  allowed = math.floor(burst - (tat - now) / interval + 1e-6)
+  if allowed < 0 then
+    allowed = 0
+  end
+  if allowed > limit then
+    allowed = limit
+  end
+end
+
+local ids = {}
+if allowed > 0 then
+  ids = redis.call('ZRANGEBYSCORE', scheduled, '-inf', fmt(upto), 'LIMIT', 0, allowed)
+end
 local taken, corrupt = {}, {}
 if #ids > 0 then
   redis.call('ZREM', scheduled, unpack(ids))
@@ -262,4 +332,27 @@ end
 if not full then
   return { now, next_due, taken, corrupt }
 end
-return { now, next_due, taken, corrupt, 0 }
+if not KEYS[9] then
+  return { now, next_due, taken, corrupt, 0 }
+end
+if not interval then
+  return { now, next_due, taken, corrupt, 0, 0, -1 }
+end
+local throttled = 0
+if #taken > 0 then
+  tat = tat + #taken * interval
+  redis.call('HSET', rate_key.key, 'tat', string.format('%.3f', tat))
+  if not live then
+    -- Only state: once tat is past it equals a full bucket, so let it go.
+    redis.call('PEXPIRE', rate_key.key, math.ceil(tat - now) + 1000)
+  end
+end
+if #ids == allowed and allowed < limit then
+  throttled = redis.call('ZCOUNT', scheduled, '-inf', fmt(upto))
+end
+-- One token again once tat has come within burst - 1 intervals of now.
+local next_token = math.ceil(tat - (burst - 1) * interval - 1e-6)
+if next_token < now then
+  next_token = now
+end
+return { now, next_due, taken, corrupt, 0, throttled, next_token }

@@ -218,9 +218,11 @@ async fn connect_store(
     loop {
         match Store::connect(&config.connect_options(), config.limits()).await {
             Ok(store) => {
+                // `validate()` compiled the policies at load: this cannot fail here.
                 let store = store
                     .with_history_max(config.history.max_per_topic)
-                    .with_health(health.clone());
+                    .with_health(health.clone())
+                    .with_policies(config.compiled_policies().unwrap_or_default());
                 tracing::info!(url = %crate::config::redact_url(&config.redis.url), prefix = %config.redis.prefix, "connected to Redis");
                 return Some(store);
             }

@@ -13,11 +13,14 @@ use serde_json::{json, Value};
 
 use crate::config::{Config, ConfigError};
 use crate::job::{Due, JobId, PutMode, Topic};
+use crate::policy::RateLimit;
 use crate::schedule::Schedule;
-use crate::store::{JobState, ListWhich, PutRequest, Rejection, Store, StoreError, MAX_BATCH};
+use crate::store::{
+    JobState, ListWhich, PutRequest, RateSource, Rejection, Store, StoreError, MAX_BATCH,
+};
 use crate::view::{
-    self, rfc3339, DeleteView, HistoryView, JobView, ListView, PauseView, PutView, RedriveView,
-    ScheduleFields, TopicsView,
+    self, rfc3339, DeleteView, HistoryView, JobView, ListView, PauseView, PutView, RateLimitView,
+    RedriveView, ScheduleFields, TopicsView,
 };
 
 /// Exit codes of every command.
@@ -113,6 +116,25 @@ pub enum Command {
     Pause { topic: Topic },
     /// Resume dispatch of a paused topic; its backlog is dispatched
     Resume { topic: Topic },
+    /// Show, set or remove a topic's live rate limit (obeyed by every bridge at once)
+    #[command(after_help = "Examples:\n  \
+        redisched rate-limit emails 200/s --burst 20\n  \
+        redisched rate-limit reports 0.5/s       # one job every 2 s\n  \
+        redisched rate-limit emails              # the limit in force, and what it holds back\n  \
+        redisched rate-limit emails off          # remove the live limit\n\n\
+        The limit holds for all bridges together: at most burst + n * w jobs in any w seconds, \
+        in due-time order. A live limit overrides the configuration's [[policies]] for the \
+        topic; `off` returns to the policy's limit (if any). 0/s is refused: pause the topic \
+        to stop it. --burst defaults to 100 ms worth (n / 10, rounded up, at least 1).")]
+    RateLimit {
+        topic: Topic,
+        /// `<n>/s` (jobs per second, fractions allowed), or `off`; omitted: show
+        #[arg(allow_hyphen_values = true)]
+        rate: Option<String>,
+        /// Jobs that may go at once after an idle spell (a whole number >= 1)
+        #[arg(long, value_name = "K")]
+        burst: Option<String>,
+    },
     /// Make parked jobs due now (attempts kept): the one ID, or every parked job of the
     /// topic (exit 1 if ID is not parked)
     Redrive { topic: Topic, id: Option<JobId> },
@@ -268,7 +290,7 @@ impl CliError {
 /// The dotted config key an error is about, when it is known.
 pub fn config_key(err: &ConfigError) -> Option<String> {
     match err {
-        ConfigError::Invalid { key, .. } => Some((*key).to_string()),
+        ConfigError::Invalid { key, .. } => Some(key.clone()),
         ConfigError::Load(err) => Some(err.path.join(".")).filter(|k| !k.is_empty()),
     }
 }
@@ -349,6 +371,10 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
         Command::Stats { topic } => stats(&connect(&config).await?, topic.as_ref()).await,
         Command::Pause { topic } => pause(&connect(&config).await?, topic, true).await,
         Command::Resume { topic } => pause(&connect(&config).await?, topic, false).await,
+        Command::RateLimit { topic, rate, burst } => {
+            let change = rate_change(rate.as_deref(), burst.as_deref())?;
+            rate_limit(&connect(&config).await?, topic, change).await
+        }
         Command::Redrive { topic, id } => {
             redrive(&connect(&config).await?, topic, id.as_ref()).await
         }
@@ -374,6 +400,8 @@ async fn connect(config: &Config) -> Result<Store, CliError> {
             store
                 .with_history_max(config.history.max_per_topic)
                 .with_durability(config.durability())
+                // `validate()` compiled the policies at load: this cannot fail here.
+                .with_policies(config.compiled_policies().unwrap_or_default())
         })
         .map_err(|err| match err {
             StoreError::Unavailable(e) => CliError::Unavailable(format!(
@@ -658,24 +686,104 @@ async fn stats(store: &Store, topic: Option<&Topic>) -> Result<Output, CliError>
             .max()
             .unwrap_or(5)
             .max(5);
+        let limits: Vec<String> = rows
+            .iter()
+            .map(|(_, s)| match s.rate_limit {
+                Some((limit, RateSource::Live)) => limit.to_string(),
+                Some((limit, RateSource::Policy)) => format!("{limit} (policy)"),
+                None => "-".into(),
+            })
+            .collect();
+        let limit_width = limits.iter().map(String::len).max().unwrap_or(1).max(10);
+        // PAUSED stays last: scripts read a paused topic's row as ending in `yes`.
         let mut out = format!(
-            "{:<width$}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>6}\n",
-            "TOPIC", "SCHEDULED", "DUE NOW", "RESERVED", "PARKED", "FAILING", "PAUSED"
+            "{:<width$}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>9}  {:<limit_width$}  {:>6}\n",
+            "TOPIC",
+            "SCHEDULED",
+            "DUE NOW",
+            "RESERVED",
+            "PARKED",
+            "FAILING",
+            "THROTTLED",
+            "RATE LIMIT",
+            "PAUSED"
         );
-        for (topic, s) in &rows {
+        for ((topic, s), limit) in rows.iter().zip(&limits) {
             out.push_str(&format!(
-                "{:<width$}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>6}\n",
+                "{:<width$}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>9}  {:<limit_width$}  {:>6}\n",
                 topic.as_str(),
                 s.scheduled,
                 s.due_now,
                 s.reserved,
                 s.parked,
                 s.failing,
-                if s.paused { "yes" } else { "no" }
+                s.throttled,
+                limit,
+                if s.paused { "yes" } else { "no" },
             ));
         }
         out.trim_end().to_string()
     };
+    Ok(Output { json, human })
+}
+
+/// What `rate-limit` was asked: `None` show, `Some(None)` remove, `Some(Some(_))` set.
+fn rate_change(
+    rate: Option<&str>,
+    burst: Option<&str>,
+) -> Result<Option<Option<RateLimit>>, CliError> {
+    let usage = |e: crate::policy::RateError| CliError::Usage(e.0);
+    match rate {
+        None if burst.is_some() => Err(CliError::Usage(
+            "--burst needs a rate: redisched rate-limit <topic> <n>/s --burst <k>".into(),
+        )),
+        None => Ok(None),
+        Some("off") if burst.is_some() => {
+            Err(CliError::Usage("--burst makes no sense with `off`".into()))
+        }
+        Some("off") => Ok(Some(None)),
+        Some(rate) => {
+            let rate = RateLimit::parse_rate(rate).map_err(usage)?;
+            let burst = match burst {
+                None => None,
+                Some(b) => Some(b.trim().parse::<f64>().map_err(|_| {
+                    CliError::Usage(format!("--burst must be a whole number >= 1, got {b:?}"))
+                })?),
+            };
+            Ok(Some(Some(RateLimit::new(rate, burst).map_err(usage)?)))
+        }
+    }
+}
+
+async fn rate_limit(
+    store: &Store,
+    topic: &Topic,
+    change: Option<Option<RateLimit>>,
+) -> Result<Output, CliError> {
+    let changed = match change {
+        None => false,
+        Some(Some(limit)) => {
+            store.set_rate_limit(topic, limit).await?;
+            true
+        }
+        Some(None) => store.delete_rate_limit(topic).await?,
+    };
+    let state = store.rate_state(topic).await?;
+    let in_force = match state.limit {
+        None => "unlimited".to_string(),
+        Some((limit, RateSource::Live)) => format!("limited to {limit} (live)"),
+        Some((limit, RateSource::Policy)) => {
+            format!("limited to {limit} (the configuration's [[policies]])")
+        }
+    };
+    let human = match change {
+        Some(None) if !changed => format!("topic {topic} had no live rate limit; it is {in_force}"),
+        _ => format!(
+            "topic {topic} is {in_force}; {} due job(s) held back now",
+            state.throttled
+        ),
+    };
+    let json = view::to_json(&RateLimitView::new(topic, &state, changed));
     Ok(Output { json, human })
 }
 

@@ -25,6 +25,24 @@ pub struct Config {
     pub history: HistoryConfig,
     pub http: HttpConfig,
     pub log: LogConfig,
+    /// Per-topic delivery policies, first match wins (`[[policies]]` in the file only:
+    /// an array has no `REDISCHED_*` form).
+    pub policies: Vec<PolicyConfig>,
+}
+
+/// One `[[policies]]` entry: which topics (AMQP topic patterns) and their default rate
+/// limit. A live limit (`PUT /v1/topics/{topic}/rate-limit`, `redisched rate-limit`)
+/// overrides it for its topic.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    pub topics: Vec<String>,
+    /// Jobs per second at most (may be fractional, e.g. 0.5); absent = no limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_per_second: Option<f64>,
+    /// Jobs at once after an idle spell (whole number >= 1); default 100 ms worth.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -271,12 +289,12 @@ pub enum ConfigError {
     #[error("config: {0}")]
     Load(#[from] Box<figment::Error>),
     #[error("config key `{key}`: {message}")]
-    Invalid { key: &'static str, message: String },
+    Invalid { key: String, message: String },
 }
 
-fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
-        key,
+        key: key.into(),
         message: message.into(),
     }
 }
@@ -482,7 +500,48 @@ impl Config {
         }
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|e| invalid("log.level", e.to_string()))?;
+        self.compiled_policies()?;
         self.validate_tls()
+    }
+
+    /// `[[policies]]` compiled (patterns parsed, limits checked); an error names the
+    /// entry's key, e.g. `policies[1].max_per_second`.
+    pub fn compiled_policies(&self) -> Result<crate::policy::Policies, ConfigError> {
+        use crate::policy::{Policy, RateLimit, TopicPattern};
+        let mut compiled = Vec::with_capacity(self.policies.len());
+        for (i, policy) in self.policies.iter().enumerate() {
+            if policy.topics.is_empty() {
+                return Err(invalid(
+                    format!("policies[{i}].topics"),
+                    "must list at least one topic pattern (e.g. [\"mail.*\"])",
+                ));
+            }
+            let topics = policy
+                .topics
+                .iter()
+                .map(|p| TopicPattern::new(p))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid(format!("policies[{i}].topics"), e))?;
+            let rate = match policy.max_per_second {
+                None if policy.burst.is_some() => {
+                    return Err(invalid(
+                        format!("policies[{i}].burst"),
+                        "needs max_per_second",
+                    ))
+                }
+                None => None,
+                Some(rate) => Some(RateLimit::new(rate, policy.burst).map_err(|e| {
+                    let field = if e.0.starts_with("burst") {
+                        "burst"
+                    } else {
+                        "max_per_second"
+                    };
+                    invalid(format!("policies[{i}].{field}"), e.0)
+                })?),
+            };
+            compiled.push(Policy { topics, rate });
+        }
+        Ok(crate::policy::Policies(compiled))
     }
 
     /// `redis.wait_replicas` and `redis.wait_timeout_ms`.
@@ -747,6 +806,67 @@ mod tests {
                 jail.set_env(name, value);
             }
             assert_eq!(Config::load(None).expect("loads"), config);
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's signature, not ours
+    fn policies_load_from_the_file_and_bad_ones_name_their_key() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "p.toml",
+                "[[policies]]\ntopics = [\"mail.*\"]\nmax_per_second = 0.5\n\n[[policies]]\ntopics = [\"#\"]\nmax_per_second = 200\nburst = 5\n",
+            )?;
+            let config = Config::load(Some(Path::new("p.toml"))).expect("valid");
+            let policies = config.compiled_policies().expect("compiles");
+            let t = |s| crate::job::Topic::new(s).unwrap();
+            let rate = policies.rate_for(&t("mail.x")).expect("first");
+            assert_eq!((rate.max_per_second, rate.burst), (0.5, 1));
+            let rate = policies.rate_for(&t("sms")).expect("second");
+            assert_eq!((rate.max_per_second, rate.burst), (200.0, 5));
+            for (body, key, needle) in [
+                ("max_per_second = 0", "policies[0].max_per_second", "pause"),
+                ("max_per_second = -2", "policies[0].max_per_second", "> 0"),
+                (
+                    "max_per_second = 1e12",
+                    "policies[0].max_per_second",
+                    "0.001..=",
+                ),
+                (
+                    "max_per_second = 5\nburst = 0",
+                    "policies[0].burst",
+                    "whole number",
+                ),
+                (
+                    "max_per_second = 5\nburst = 2.5",
+                    "policies[0].burst",
+                    "whole number",
+                ),
+                ("burst = 2", "policies[0].burst", "needs max_per_second"),
+            ] {
+                jail.create_file(
+                    "bad.toml",
+                    &format!("[[policies]]\ntopics = [\"a\"]\n{body}\n"),
+                )?;
+                let err = Config::load(Some(Path::new("bad.toml"))).expect_err(body);
+                assert!(
+                    err.to_string().contains(key) && err.to_string().contains(needle),
+                    "{body}: {err}"
+                );
+            }
+            jail.create_file(
+                "bad.toml",
+                "[[policies]]\ntopics = [\"a.b*\"]\nmax_per_second = 1\n",
+            )?;
+            let err = Config::load(Some(Path::new("bad.toml"))).expect_err("pattern");
+            assert!(err.to_string().contains("policies[0].topics"), "{err}");
+            jail.create_file(
+                "bad.toml",
+                "[[policies]]\ntopics = [\"a\"]\nmax_per_second = \"fast\"\n",
+            )?;
+            let err = Config::load(Some(Path::new("bad.toml"))).expect_err("not a number");
+            assert!(err.to_string().contains("max_per_second"), "{err}");
             Ok(())
         });
     }

@@ -18,6 +18,7 @@ pub mod ingest;
 pub mod job;
 pub mod log_throttle;
 pub mod metrics;
+pub mod policy;
 pub mod requeue;
 pub mod schedule;
 pub mod shutdown;

@@ -91,6 +91,8 @@ pub struct TopicSnapshot {
     pub parked: u64,
     /// Jobs whose last publish attempt failed and that wait for a retry.
     pub failing: u64,
+    /// Due jobs the topic's rate limit holds back (counted in `due` too).
+    pub throttled: u64,
 }
 
 impl TopicSnapshot {
@@ -104,7 +106,7 @@ type TopicGauge = (&'static str, &'static str, fn(&TopicSnapshot) -> u64);
 
 /// The per-topic gauge families. Always described (HELP/TYPE), with one sample per topic
 /// that holds something.
-const TOPIC_GAUGES: [TopicGauge; 6] = [
+const TOPIC_GAUGES: [TopicGauge; 7] = [
     (
         "redisched_jobs_scheduled",
         "Jobs waiting in the schedule, due or not.",
@@ -134,6 +136,11 @@ const TOPIC_GAUGES: [TopicGauge; 6] = [
         "redisched_jobs_failing",
         "Jobs whose last publish attempt failed, waiting for a retry.",
         |t| t.failing,
+    ),
+    (
+        "redisched_jobs_throttled",
+        "Due jobs the topic's rate limit holds back (all bridges together).",
+        |t| t.throttled,
     ),
 ];
 

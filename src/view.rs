@@ -8,9 +8,10 @@ use base64::Engine as _;
 use serde::Serialize;
 
 use crate::job::{JobId, Topic};
+use crate::policy::RateLimit;
 use crate::store::{
     HistoryEntry, JobInfo, JobState, JobSummary, LastError, Outcome, PutOutcome, PutStatus,
-    ScheduleSpec, SpecKind, TopicStats,
+    RateSource, RateState, ScheduleSpec, SpecKind, TopicStats,
 };
 
 /// First epoch ms that RFC 3339 (years 0000–9999) cannot show.
@@ -52,6 +53,54 @@ pub struct StatsRow {
     pub parked: u64,
     /// Jobs with a recorded failed publish (parked ones included).
     pub failing: u64,
+    /// Due jobs the topic's rate limit holds back now.
+    pub throttled: u64,
+    /// The rate limit in force; `null`: unlimited.
+    pub rate_limit: Option<RateLimitFields>,
+}
+
+/// A rate limit as both faces show it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RateLimitFields {
+    pub max_per_second: f64,
+    pub burst: u32,
+    /// `live` (set through the API or the CLI, stored in Redis) or `policy` (the
+    /// configuration's `[[policies]]`).
+    pub source: RateSource,
+}
+
+impl RateLimitFields {
+    pub fn new(limit: Option<(RateLimit, RateSource)>) -> Option<Self> {
+        limit.map(|(limit, source)| Self {
+            max_per_second: limit.max_per_second,
+            burst: limit.burst,
+            source,
+        })
+    }
+}
+
+/// A topic's rate limit: `GET`, `PUT` and `DELETE /v1/topics/{topic}/rate-limit`,
+/// `redisched rate-limit --json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RateLimitView {
+    pub topic: Topic,
+    /// The limit in force after the call; `null`: unlimited.
+    pub rate_limit: Option<RateLimitFields>,
+    /// Due jobs it holds back now.
+    pub throttled: u64,
+    /// Whether the call changed the live limit (a delete of none: `false`).
+    pub changed: bool,
+}
+
+impl RateLimitView {
+    pub fn new(topic: &Topic, state: &RateState, changed: bool) -> Self {
+        Self {
+            topic: topic.clone(),
+            rate_limit: RateLimitFields::new(state.limit),
+            throttled: state.throttled,
+            changed,
+        }
+    }
 }
 
 impl StatsRow {
@@ -66,6 +115,8 @@ impl StatsRow {
             paused: stats.paused,
             parked: stats.parked,
             failing: stats.failing,
+            throttled: stats.throttled,
+            rate_limit: RateLimitFields::new(stats.rate_limit),
         }
     }
 }

@@ -763,6 +763,14 @@ async fn pause_resume_parked_failing_redrive_and_history() {
     let store = common::test_store().await;
     let topic = Topic::new("ops").unwrap();
     put(&store, &topic, "waiting", Due::Delay(600_000)).await;
+    // A live rate limit shows in the topics table (high enough to change nothing here).
+    store
+        .set_rate_limit(
+            &topic,
+            redisched::policy::RateLimit::new(1000.0, Some(100.0)).unwrap(),
+        )
+        .await
+        .unwrap();
     store
         .put_recurring(
             PutRequest {
@@ -828,8 +836,8 @@ async fn pause_resume_parked_failing_redrive_and_history() {
     let counts = text_of(&client, "#topics tr[data-topic='ops']").await;
     assert_eq!(
         counts.split_whitespace().collect::<Vec<_>>(),
-        ["ops", "3", "0", "0", "2", "3", "RUNNING"],
-        "scheduled (waiting, digest, flaky), due, reserved, parked, failing, state"
+        ["ops", "3", "0", "0", "2", "3", "0", "1000/s,", "burst", "100", "RUNNING"],
+        "scheduled (waiting, digest, flaky), due, reserved, parked, failing, throttled, rate limit, state"
     );
     wait_for(&client, "#topics tr[data-topic='ops'] td.warn").await;
     wait_for(&client, "#topics tr[data-topic='ops'] td.bad").await;

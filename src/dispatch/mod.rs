@@ -301,7 +301,13 @@ impl Dispatcher {
         let mut reserved = Vec::with_capacity(group.len());
         for (topic, batch) in group.iter().zip(batches) {
             self.clock.observe(batch.now);
-            plan.reserved(topic, batch.paused, batch.next_due);
+            // A rate-limited topic is planned for its next token, not its (past) head:
+            // no busy loop, and the other topics are served meanwhile.
+            let next = match (batch.next_due, batch.next_token) {
+                (Some(due), Some(token)) => Some(due.max(token)),
+                (due, _) => due,
+            };
+            plan.reserved(topic, batch.paused, next);
             if !batch.corrupt.is_empty() {
                 self.metrics
                     .corrupt_records

@@ -14,6 +14,7 @@ mod compat;
 mod error;
 mod features;
 mod ops;
+mod rate;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -81,6 +82,12 @@ pub fn router(state: AppState) -> Router {
             post(features::redrive_job),
         )
         .route("/v1/topics/{topic}/history", get(features::history))
+        .route(
+            "/v1/topics/{topic}/rate-limit",
+            get(rate::get_rate_limit)
+                .put(rate::put_rate_limit)
+                .delete(rate::delete_rate_limit),
+        )
         .route("/schedule/{topic}", post(compat::schedule))
         .route("/cancel/{topic}", post(compat::cancel))
         .fallback(|| async { ApiError::not_found("no such endpoint") })

@@ -143,6 +143,7 @@ fn topic_snapshot(stats: &crate::store::TopicStats) -> TopicSnapshot {
         paused: stats.paused,
         parked: stats.parked,
         failing: stats.failing,
+        throttled: stats.throttled,
     }
 }
 

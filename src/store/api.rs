@@ -235,9 +235,14 @@ impl Store {
 
     fn reserve_call(&self, topic: &Topic, ttr: Duration, limit: usize) -> Call {
         let ttr_ms = u64::try_from(ttr.as_millis()).unwrap_or(u64::MAX).max(1);
-        Scripts::call(&self.exec.scripts().reserve, topic, &self.keys)
+        let keys = self.keys.limited(topic);
+        let call = Scripts::call_with_keys(&self.exec.scripts().reserve, topic, &keys)
             .arg(ttr_ms)
-            .arg(limit.clamp(1, MAX_BATCH))
+            .arg(limit.clamp(1, MAX_BATCH));
+        match self.policies.rate_for(topic) {
+            Some(rate) => call.arg("").arg(rate.rate_arg()).arg(rate.burst),
+            None => call,
+        }
     }
 
     /// Takes up to `limit` due jobs under a reservation of `ttr`. See `lua/reserve.lua`.
@@ -281,6 +286,8 @@ impl Store {
                         jobs: Vec::new(),
                         corrupt: Vec::new(),
                         paused: false,
+                        throttled: 0,
+                        next_token: None,
                     });
                 }
             }
@@ -463,7 +470,17 @@ impl Store {
     /// A topic's jobs counted by state. See `lua/stats.lua`.
     pub async fn stats(&self, topic: &Topic) -> Result<TopicStats, StoreError> {
         let call = Scripts::call(&self.exec.scripts().stats, topic, &self.keys);
-        let mut reply = Reader::new("stats", self.exec.run_one(call).await?)?;
+        // The rate limit's view rides in the same round trip (same slot).
+        let mut replies = self
+            .exec
+            .run(&[call, self.rate_get_call(topic)])
+            .await?
+            .into_iter();
+        let (Some(stats), Some(rate)) = (replies.next(), replies.next()) else {
+            return Err(StoreError::bad_reply("stats", "a call got no reply"));
+        };
+        let rate = super::rate::decode_rate_state(rate?)?;
+        let mut reply = Reader::new("stats", stats?)?;
         let mut count = |what| reply.int(what).map(|n| u64::try_from(n).unwrap_or(0));
         Ok(TopicStats {
             now: count("now")? as i64,
@@ -476,6 +493,8 @@ impl Store {
             paused: count("paused")? == 1,
             failing: count("failing")?,
             history: count("history")?,
+            throttled: rate.throttled,
+            rate_limit: rate.limit,
         })
     }
 
@@ -686,12 +705,23 @@ fn decode_batch(script: &'static str, value: Value) -> Result<Batch, StoreError>
         corrupt.push(String::from_utf8_lossy(&corrupt_ids.bytes("corrupt id")?).into_owned());
     }
     let paused = reply.int("paused")? == 1;
+    // Only a reserve with the rate key answers these two.
+    let (throttled, next_token) = if reply.remaining() >= 2 {
+        (
+            u64::try_from(reply.int("throttled")?).unwrap_or(0),
+            optional_time(reply.int("next_token")?),
+        )
+    } else {
+        (0, None)
+    };
     Ok(Batch {
         now,
         next_due,
         jobs,
         corrupt,
         paused,
+        throttled,
+        next_token,
     })
 }
 

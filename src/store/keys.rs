@@ -9,6 +9,7 @@
 //! <prefix>:{<topic>}:paused     STRING exists while the topic is paused (epoch ms)
 //! <prefix>:{<topic>}:history    LIST  capped outcome log, newest first
 //! <prefix>:{<topic>}:failing    ZSET  id -> last_error_at of jobs with a recorded failure
+//! <prefix>:{<topic>}:rate       HASH  live rate limit (max_per_second, burst) and its state (tat)
 //! <prefix>:topics               SET   known topics (own slot; never touched by scripts)
 //! <prefix>:notify               Pub/Sub channel: '<due_at>|<topic>' when a topic's head moves earlier
 //! ```
@@ -72,6 +73,14 @@ impl KeySpace {
         keys
     }
 
+    /// The full list plus the topic's rate limit and its state: what `reserve.lua`
+    /// takes to obey a limit, and `rate_limit.lua` requires.
+    pub fn limited(&self, topic: &Topic) -> Vec<String> {
+        let mut keys = self.all(topic).to_vec();
+        keys.push(format!("{}:{{{}}}:rate", self.prefix, topic.as_str()));
+        keys
+    }
+
     /// The counter ingest sessions take their epochs from (its own slot).
     pub fn ingest_epoch(&self) -> String {
         format!("{}:ingest-epoch", self.prefix)
@@ -107,5 +116,8 @@ mod tests {
         assert_eq!(all[..4], keys.0[..]);
         assert_eq!(all[4], "rs:{mail.welcome}:damaged");
         assert_eq!(all[7], "rs:{mail.welcome}:failing");
+        let limited = KeySpace::new("rs").limited(&Topic::new("mail.welcome").unwrap());
+        assert_eq!(limited[..8], all[..]);
+        assert_eq!(limited[8], "rs:{mail.welcome}:rate");
     }
 }

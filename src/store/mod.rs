@@ -14,6 +14,7 @@
 //! - `notify.rs`: the Pub/Sub notifications and the [`DueHints`] they feed;
 //! - `registry.rs`: the topics set, and what the store remembers registering in it;
 //! - `conn.rs`, `link.rs`: opening connections and replacing dead ones;
+//! - `rate.rs`: rate limits (the live limit; the policies of the config are defaults);
 //! - `durable.rs`: waiting for replicas (`WAIT`) after job writes (`redis.wait_replicas`);
 //! - `health.rs`: is Redis answering, refusing writes (OOM), may it evict keys.
 //!
@@ -32,6 +33,7 @@ mod histogram;
 mod keys;
 mod link;
 mod notify;
+mod rate;
 mod registry;
 mod reply;
 mod scripts;
@@ -57,9 +59,9 @@ pub use registry::DEFAULT_TOPIC_REFRESH;
 pub use scripts::SOURCES as SCRIPT_SOURCES;
 pub use types::{
     Applied, Batch, Command, Delivered, HistoryEntry, JobInfo, JobState, JobSummary, LastError,
-    Lease, Limits, ListWhich, NextDue, Op, Outcome, PutOutcome, PutRequest, PutStatus, Redriven,
-    Requeued, ReservedJob, RetryOutcome, ScheduleSpec, SpecError, SpecKind, TopicStats,
-    DEFAULT_HISTORY_MAX, MAX_BATCH,
+    Lease, Limits, ListWhich, NextDue, Op, Outcome, PutOutcome, PutRequest, PutStatus, RateSource,
+    RateState, Redriven, Requeued, ReservedJob, RetryOutcome, ScheduleSpec, SpecError, SpecKind,
+    TopicStats, DEFAULT_HISTORY_MAX, MAX_BATCH,
 };
 
 /// How to reach Redis.
@@ -88,6 +90,8 @@ pub struct Store {
     durability: Option<Durability>,
     /// Shared by the clones, so a topic is registered once per refresh, not per clone.
     registry: Arc<TopicRegistry>,
+    /// The configuration's `[[policies]]`: default rate limits passed to every reserve.
+    policies: Arc<crate::policy::Policies>,
 }
 
 impl std::fmt::Debug for Store {
@@ -117,6 +121,7 @@ impl Store {
             history_max: DEFAULT_HISTORY_MAX,
             durability: None,
             registry: Arc::new(TopicRegistry::new(DEFAULT_TOPIC_REFRESH)),
+            policies: Arc::default(),
         })
     }
 
@@ -133,6 +138,17 @@ impl Store {
     pub fn with_history_max(mut self, max: u32) -> Self {
         self.history_max = max;
         self
+    }
+
+    /// The default rate limits (`[[policies]]`) reserve passes for topics without a
+    /// live limit.
+    pub fn with_policies(mut self, policies: crate::policy::Policies) -> Self {
+        self.policies = Arc::new(policies);
+        self
+    }
+
+    pub fn policies(&self) -> &crate::policy::Policies {
+        &self.policies
     }
 
     pub fn history_max(&self) -> u32 {

@@ -50,6 +50,7 @@ scripts!(
     redrive,
     history,
     due_histogram,
+    rate_limit,
 );
 
 impl Scripts {

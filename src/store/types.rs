@@ -139,7 +139,7 @@ pub struct JobInfo {
 }
 
 /// A topic's jobs counted by state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct TopicStats {
     pub now: i64,
     pub scheduled: u64,
@@ -154,6 +154,30 @@ pub struct TopicStats {
     pub failing: u64,
     /// Entries in the topic's outcome history.
     pub history: u64,
+    /// Due jobs its rate limit holds back now (0 without a limit).
+    pub throttled: u64,
+    /// The rate limit in force and where it comes from; `None`: unlimited.
+    #[serde(skip)]
+    pub rate_limit: Option<(crate::policy::RateLimit, RateSource)>,
+}
+
+/// Where the rate limit in force comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RateSource {
+    /// Set through the API or the CLI, stored in Redis: every bridge obeys it.
+    Live,
+    /// The configuration's `[[policies]]` entry for the topic.
+    Policy,
+}
+
+/// A topic's rate limit in force, and what it holds back now.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateState {
+    pub limit: Option<(crate::policy::RateLimit, RateSource)>,
+    pub throttled: u64,
+    pub next_token: Option<i64>,
+    pub now: i64,
 }
 
 /// The jobs one `reserve` or `pull` call took.
@@ -168,6 +192,11 @@ pub struct Batch {
     pub corrupt: Vec<String>,
     /// The topic is paused: nothing was taken (see `Store::pause`).
     pub paused: bool,
+    /// Due jobs the topic's rate limit held back in this call.
+    pub throttled: u64,
+    /// When the rate limit lets the next job go (`None`: no limit applies); plan the
+    /// topic for the later of this and `next_due`.
+    pub next_token: Option<i64>,
 }
 
 /// What one `requeue` call did.

@@ -1,0 +1,284 @@
+--[[ redisched rate_limit: read, set or remove a topic's live rate limit.
+
+KEYS: the full list plus the ninth: 1 scheduled ZSET, 2 reserved ZSET, 3 jobs HASH,
+  4 seq STRING, 5 damaged, 6 paused, 7 history, 8 failing, 9 rate HASH (the topic's
+  limit and its state, the key reserve.lua takes as its ninth). Only 1 and 9 are used.
+ARGV:
+  1 op      `get`, `set` or `delete`
+  get:    2 max_per_second, 3 burst: the caller's default (its configuration's policy),
+            '' for none; shown when no live limit is stored
+  set:    2 max_per_second  a decimal 0.001..1000000 (jobs per second, may be fractional)
+          3 burst           an integer 1..1000000 (jobs at once after an idle spell)
+  delete: no more arguments
+Reply:
+  get     { now, max_per_second, burst, source, throttled, next_token }: the limit in
+          force ('' and 0 when none), source `live`, `default` or ''; throttled = due jobs
+          the limit holds back now (due jobs beyond the tokens left, 0 without a limit);
+          next_token as reserve.lua answers it (-1 without a limit)
+  set     1 (every reserve.lua call with the ninth key obeys it from now on, on every
+          bridge; the bucket's state is kept, so changing a limit grants no new burst)
+  delete  1 if a live limit was removed, 0 if there was none (the caller's default, if
+          any, applies again)
+Errors: INVALID_ARGUMENT (keys, op, max_per_second, burst), WRONGTYPE (from Redis).
+Invariant: the live limit is the fields max_per_second and burst of `rate`, both or
+neither; `rate` never expires while it holds them; state alone (field tat) expires once
+it equals a full bucket.
+]]
+-- >>> shared: copied verbatim from lua/shared.lua by lua/sync-shared.sh (a test checks it) >>>
+-- Helpers every script carries, so that each file stays one self-contained EVAL script
+-- (see "Redis Functions or EVALSHA" in lua/README.md). Unused ones cost a closure
+-- each per call (about 20 ns).
+
+-- Parked jobs wait in `scheduled` at this score: above any due time a script accepts
+-- (16 digits at most), so "due up to now" never reaches them.
+local PARKED = 1e17
+local PARKED_S = '100000000000000000'
+local DEFAULT_HISTORY_MAX = 1000
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- The Redis server's clock in epoch ms: the one clock every due time refers to.
+-- (Arithmetic converts TIME's decimal strings, cheaper than tonumber and math.floor.)
+local function now_ms()
+  local t = redis.call('TIME')
+  local us = t[2] + 0
+  return t[1] * 1000 + (us - us % 1000) / 1000
+end
+
+-- An integer argument of at most 16 characters (optionally negative), else nil.
+local function int_arg(value)
+  if type(value) == 'string' and #value <= 16 and string.find(value, '^%-?%d+$') then
+    return tonumber(value)
+  end
+end
+
+-- The full key list (lua/README.md, "Key schema"): 1 scheduled, 2 reserved, 3 jobs,
+-- 4 seq, 5 damaged, 6 paused, 7 history, 8 failing, and for put and delete (`fenced`)
+-- optionally 9 fence. Version-1 callers pass the first four (check.lua: five) and get
+-- the version-1 behaviour. Returns true for the full list, false for the short one,
+-- else nil and the error reply to return.
+local function full_keys(name, short, fenced)
+  if #KEYS == 8 or (fenced and #KEYS == 9) then
+    return true
+  end
+  if short and #KEYS == short then
+    return false
+  end
+  return nil, redis.error_reply('INVALID_ARGUMENT ' .. name .. ' takes ' ..
+    (short and (short .. ' or ') or '') .. '8' .. (fenced and ' or 9' or '') .. ' keys, got ' .. #KEYS)
+end
+
+-- Ingest fencing (put and delete; lua/README.md, "Fencing"): a write that carries an
+-- ingest epoch older than the topic's fence (KEYS[9]) comes from a superseded bridge
+-- session, e.g. a request that waited in the network while its commands were
+-- redelivered to another bridge, and must not land after the commands that followed
+-- it. Returns nil (admitted; a newer epoch raises the fence) or the error reply. No
+-- fence key or an empty epoch: unfenced (other clients, the HTTP API).
+local function fence_refusal(epoch)
+  if #KEYS < 9 or epoch == nil or epoch == '' then
+    return nil
+  end
+  local e = int_arg(epoch)
+  if not e or e < 1 then
+    return redis.error_reply('INVALID_ARGUMENT epoch must be a positive integer, got ' .. tostring(epoch))
+  end
+  local fence = tonumber(redis.call('GET', KEYS[9]) or '0')
+  if e < fence then
+    return redis.error_reply('FENCED ingest epoch ' .. epoch .. ' is older than this topic\'s fence ' ..
+      fmt(fence) .. ': a newer bridge session has written here since')
+  end
+  if e > fence then
+    redis.call('SET', KEYS[9], epoch)
+  end
+  return nil
+end
+
+-- A job record of format 1 or 2 as a table, or nil if it is missing or unreadable:
+--   1|<due_at>|<attempts>|<token>|<meta length>|<meta><body>
+--   2|<due_at>|<attempts>|<token>|<failures>|<error_at>|<spec length>|<error length>|<meta length>|<spec><error><meta><body>
+-- The payload is not copied out (bodies may be large): `rec` and `pos` locate
+-- <meta><body>, `mlen` is the meta length; `token` stays a string.
+local function parse(rec)
+  if not rec then
+    return nil
+  end
+  local j = {}
+  local pos
+  if string.byte(rec, 1) == 49 then -- '1'
+    local due, attempts, mlen
+    due, attempts, j.token, mlen, pos = string.match(rec, '^1|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    if not pos then
+      return nil
+    end
+    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
+    j.failures, j.error_at, j.spec, j.err = 0, 0, '', ''
+  else
+    local due, attempts, failures, error_at, slen, elen, mlen
+    due, attempts, j.token, failures, error_at, slen, elen, mlen, pos =
+      string.match(rec, '^2|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    if not pos then
+      return nil
+    end
+    slen, elen = tonumber(slen), tonumber(elen)
+    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
+    j.failures, j.error_at = tonumber(failures), tonumber(error_at)
+    j.spec = string.sub(rec, pos, pos + slen - 1)
+    j.err = string.sub(rec, pos + slen, pos + slen + elen - 1)
+    pos = pos + slen + elen
+  end
+  if pos + j.mlen - 1 > #rec then
+    return nil
+  end
+  j.rec, j.pos = rec, pos
+  return j
+end
+
+local function meta_of(j)
+  return string.sub(j.rec, j.pos, j.pos + j.mlen - 1)
+end
+
+local function body_of(j)
+  return string.sub(j.rec, j.pos + j.mlen)
+end
+
+-- <meta><body>: a new job's, or the stored one.
+local function tail_of(j)
+  return j.tail or string.sub(j.rec, j.pos)
+end
+
+-- The record of `j`: format 1 unless the job has a schedule spec or a failure on record,
+-- so a one-shot job keeps exactly the bytes it had before format 2 existed.
+local function encode(j)
+  if j.spec == '' and j.failures == 0 and j.err == '' then
+    return '1|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.mlen) .. '|' .. tail_of(j)
+  end
+  return '2|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.failures) .. '|' ..
+    fmt(j.error_at) .. '|' .. #j.spec .. '|' .. #j.err .. '|' .. fmt(j.mlen) .. '|' .. j.spec .. j.err .. tail_of(j)
+end
+
+-- The record of a job just put (attempts, token and failures 0, no error): what `encode`
+-- gives for it, built without a table because every put runs it. `due_s` is fmt(due).
+local function new_record(due_s, spec, meta, body)
+  if spec == '' then
+    return '1|' .. due_s .. '|0|0|' .. #meta .. '|' .. meta .. body
+  end
+  return '2|' .. due_s .. '|0|0|0|0|' .. #spec .. '|0|' .. #meta .. '|' .. spec .. meta .. body
+end
+
+-- `history_max` argument: absent or '' means the default; else an integer 0..10^6.
+-- Returns nil and the error reply to return when it is neither.
+local function history_max_arg(value)
+  if value == nil or value == '' then
+    return DEFAULT_HISTORY_MAX
+  end
+  local n = int_arg(value)
+  if not n or n < 0 or n > 1000000 then
+    return nil, redis.error_reply('INVALID_ARGUMENT history_max must be an integer 0..1000000, got ' .. value)
+  end
+  return n
+end
+
+-- One history entry: '<at>|<outcome>|<attempts>|<due_at>|<id length>|<id><detail>'.
+local function history_entry(at, outcome, attempts, due, id, detail)
+  return fmt(at) .. '|' .. outcome .. '|' .. fmt(attempts) .. '|' .. fmt(due) .. '|' .. #id .. '|' .. id .. (detail or '')
+end
+
+-- Appends entries (oldest first) to the topic's capped history list, newest at the head.
+local function history_push(key, max, entries)
+  if key and max > 0 and #entries > 0 then
+    redis.call('LPUSH', key, unpack(entries))
+    redis.call('LTRIM', key, 0, max - 1)
+  end
+end
+-- <<< shared <<<
+-- A rate in jobs per second: a decimal 0.001..1000000 of at most 16 characters, else nil
+-- (also in reserve.lua; kept out of shared.lua so other scripts do not carry it).
+local function rate_arg(value)
+  if type(value) == 'string' and #value <= 16 and
+    (string.find(value, '^%d+%.?%d*$') or string.find(value, '^%.%d+$')) then
+    local r = tonumber(value)
+    if r and r >= 0.001 and r <= 1000000 then
+      return r
+    end
+  end
+end
+
+local function limit_args(per_s, b)
+  local r, n = rate_arg(per_s), int_arg(b)
+  if not r then
+    return nil, redis.error_reply('INVALID_ARGUMENT max_per_second must be a decimal 0.001..1000000, got ' .. tostring(per_s))
+  end
+  if not n or n < 1 or n > 1000000 then
+    return nil, redis.error_reply('INVALID_ARGUMENT burst must be an integer 1..1000000, got ' .. tostring(b))
+  end
+  return r, n
+end
+
+if #KEYS ~= 9 then
+  return redis.error_reply('INVALID_ARGUMENT rate_limit takes 9 keys, got ' .. #KEYS)
+end
+local scheduled, rate = KEYS[1], KEYS[9]
+local op = ARGV[1]
+
+if op == 'set' then
+  local r, err = limit_args(ARGV[2], ARGV[3])
+  if not r then
+    return err
+  end
+  redis.call('HSET', rate, 'max_per_second', ARGV[2], 'burst', ARGV[3])
+  redis.call('PERSIST', rate)
+  return 1
+end
+
+if op == 'delete' then
+  local removed = redis.call('HDEL', rate, 'max_per_second', 'burst')
+  if removed > 0 then
+    local tat = tonumber(redis.call('HGET', rate, 'tat') or '')
+    local now = now_ms()
+    if tat and tat > now then
+      redis.call('PEXPIRE', rate, math.ceil(tat - now) + 1000)
+    else
+      redis.call('DEL', rate)
+    end
+    return 1
+  end
+  return 0
+end
+
+if op ~= 'get' then
+  return redis.error_reply('INVALID_ARGUMENT op must be get, set or delete, got ' .. tostring(op))
+end
+local now = now_ms()
+local stored = redis.call('HMGET', rate, 'max_per_second', 'burst', 'tat')
+local per_s, b, source = stored[1], stored[2], 'live'
+if not per_s then
+  per_s, b, source = ARGV[2], ARGV[3], 'default'
+  if not per_s or per_s == '' then
+    return { now, '', 0, '', 0, -1 }
+  end
+end
+local r, n = limit_args(per_s, b)
+if not r then
+  return n
+end
+local interval = 1000 / r
+local tat = tonumber(stored[3] or '')
+if not tat or tat < now then
+  tat = now
+end
+local tokens = math.floor(n - (tat - now) / interval + 1e-6)
+if tokens < 0 then
+  tokens = 0
+end
+local due = redis.call('ZCOUNT', scheduled, '-inf', fmt(now))
+local throttled = due - tokens
+if throttled < 0 then
+  throttled = 0
+end
+local next_token = math.ceil(tat - (n - 1) * interval - 1e-6)
+if next_token < now then
+  next_token = now
+end
+return { now, per_s, n, source, throttled, next_token }
