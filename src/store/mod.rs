@@ -24,6 +24,7 @@
 mod api;
 mod check;
 mod conn;
+mod delete_prefix;
 mod durable;
 mod error;
 mod exec;
@@ -45,6 +46,7 @@ use std::time::Duration;
 
 pub use check::{CheckReport, Problem, CHECK_STEP};
 pub use conn::cluster_seeds;
+pub use delete_prefix::{PrefixStep, MIN_PREFIX_CHARS, PREFIX_STEP};
 pub use durable::{Durability, Replication, WriteMark};
 pub use error::{RejectCode, Rejection, StoreError};
 use exec::Executor;

@@ -51,6 +51,7 @@ scripts!(
     history,
     due_histogram,
     rate_limit,
+    delete_prefix,
 );
 
 impl Scripts {
