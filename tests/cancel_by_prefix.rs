@@ -8,10 +8,12 @@ mod common;
 use std::time::Duration;
 
 use common::faults::PrivateRedis;
-use redisched::job::{Due, JobId, PutMode, Topic};
-use redisched::store::{
-    ConnectOptions, JobState, Outcome, PutRequest, Store, MIN_PREFIX_CHARS, PREFIX_STEP,
-};
+use redisched::job::{Due, IdPrefix, JobId, PutMode, Topic, MIN_PREFIX_CHARS};
+use redisched::store::{ConnectOptions, JobState, Outcome, PutRequest, Store, PREFIX_STEP};
+
+fn prefix(p: &str) -> IdPrefix {
+    IdPrefix::new(p, true).unwrap()
+}
 
 fn put(topic: &Topic, id: &str, delay_ms: u64) -> PutRequest {
     PutRequest {
@@ -66,7 +68,7 @@ async fn only_ids_with_the_prefix_go_wherever_they_are() {
     assert_eq!(batch.jobs.len(), 1, "the due one is reserved");
 
     let deleted = store
-        .delete_prefix(&mail, "need_some_help_email_42", None)
+        .delete_prefix(&mail, &prefix("need_some_help_email_42"), None)
         .await
         .expect("delete_prefix");
     assert_eq!(deleted, 4, "42, 42_b, 420 and the reserved 42_c");
@@ -95,7 +97,7 @@ async fn only_ids_with_the_prefix_go_wherever_they_are() {
     // Again: nothing left to delete, and other topics were never touched.
     assert_eq!(
         store
-            .delete_prefix(&mail, "need_some_help_email_42", None)
+            .delete_prefix(&mail, &prefix("need_some_help_email_42"), None)
             .await
             .expect("again"),
         0
@@ -111,7 +113,7 @@ async fn glob_characters_in_a_prefix_are_plain_characters() {
     }
     for (prefix, expect) in [("a*", 2), ("a?", 1), ("a[1]", 2), ("a\\", 1)] {
         let deleted = store
-            .delete_prefix(&topic, prefix, None)
+            .delete_prefix(&topic, &self::prefix(prefix), None)
             .await
             .expect("delete");
         assert_eq!(deleted, expect, "prefix {prefix:?}");
@@ -163,7 +165,10 @@ async fn parked_and_failing_jobs_go_too_and_the_indexes_stay_sound() {
     assert_eq!((before.parked, before.failing), (1, 2));
 
     assert_eq!(
-        store.delete_prefix(&topic, "user-9-", None).await.unwrap(),
+        store
+            .delete_prefix(&topic, &prefix("user-9-"), None)
+            .await
+            .unwrap(),
         2
     );
     let after = store.stats(&topic).await.unwrap();
@@ -185,9 +190,9 @@ async fn parked_and_failing_jobs_go_too_and_the_indexes_stay_sound() {
 async fn the_script_refuses_bad_arguments() {
     let store = common::test_store().await;
     let topic = Topic::new("args").unwrap();
-    for (prefix, cursor) in [("", "0"), ("ok", "x"), ("ok", "-1")] {
+    for cursor in ["x", "-1", ""] {
         let err = store
-            .delete_prefix_step(&topic, prefix, cursor, 10, None)
+            .delete_prefix_step(&topic, &prefix("okay"), cursor, 10, None)
             .await
             .expect_err("refused");
         assert!(
@@ -195,7 +200,17 @@ async fn the_script_refuses_bad_arguments() {
             "{err}"
         );
     }
+    // The faces' rule: 1..256 bytes of id characters, and 3 characters unless forced.
     assert_eq!(MIN_PREFIX_CHARS, 3);
+    assert!(IdPrefix::new("ab", false)
+        .unwrap_err()
+        .to_string()
+        .contains("force"));
+    assert!(IdPrefix::new("ab", true).is_ok());
+    assert!(IdPrefix::new("abc", false).is_ok());
+    assert!(IdPrefix::new("", true).is_err());
+    assert!(IdPrefix::new("a\u{7}b", true).is_err());
+    assert!(IdPrefix::new("é".repeat(129), true).is_err(), "258 bytes");
 }
 
 /// Every step's work is bounded however large the topic: at most 100 removals and
@@ -267,7 +282,7 @@ async fn every_step_is_bounded_on_a_large_topic() {
             let started = std::time::Instant::now();
             loop {
                 let step = store
-                    .delete_prefix_step(topic, prefix, &cursor, PREFIX_STEP, None)
+                    .delete_prefix_step(topic, &self::prefix(prefix), &cursor, PREFIX_STEP, None)
                     .await
                     .expect("step");
                 assert!(step.deleted <= 100, "a step removed {}", step.deleted);

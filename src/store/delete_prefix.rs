@@ -8,14 +8,10 @@ use super::exec::Call;
 use super::reply::Reader;
 use super::scripts::Scripts;
 use super::{Store, StoreError};
-use crate::job::Topic;
+use crate::job::{IdPrefix, Topic};
 
 /// Hash entries one step examines (the script's `count`).
 pub const PREFIX_STEP: usize = 500;
-
-/// The least prefix length the faces accept without `--force` / `force=true`: a
-/// shorter one names a large share of any id space (`a`, `us`), usually by mistake.
-pub const MIN_PREFIX_CHARS: usize = 3;
 
 /// One step's answer: where the walk stands and what this step removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,7 +29,7 @@ impl Store {
     pub async fn delete_prefix(
         &self,
         topic: &Topic,
-        prefix: &str,
+        prefix: &IdPrefix,
         epoch: Option<u64>,
     ) -> Result<u64, StoreError> {
         let mut cursor = String::from("0");
@@ -54,7 +50,7 @@ impl Store {
     /// jobs, with how many each lost.
     pub async fn delete_prefix_everywhere(
         &self,
-        prefix: &str,
+        prefix: &IdPrefix,
     ) -> Result<Vec<(Topic, u64)>, StoreError> {
         let mut deleted = Vec::new();
         for topic in self.topics().await? {
@@ -71,7 +67,7 @@ impl Store {
     pub async fn delete_prefix_step(
         &self,
         topic: &Topic,
-        prefix: &str,
+        prefix: &IdPrefix,
         cursor: &str,
         count: usize,
         epoch: Option<u64>,
@@ -81,7 +77,7 @@ impl Store {
             None => self.keys.all(topic).to_vec(),
         };
         let call = Scripts::call_with_keys(&self.exec.scripts().delete_prefix, topic, &keys)
-            .arg(prefix)
+            .arg(prefix.as_str())
             .arg(cursor)
             .arg(count.clamp(1, 10_000))
             .arg(self.history_max)

@@ -46,7 +46,7 @@ use std::time::Duration;
 
 pub use check::{CheckReport, Problem, CHECK_STEP};
 pub use conn::cluster_seeds;
-pub use delete_prefix::{PrefixStep, MIN_PREFIX_CHARS, PREFIX_STEP};
+pub use delete_prefix::{PrefixStep, PREFIX_STEP};
 pub use durable::{Durability, Replication, WriteMark};
 pub use error::{RejectCode, Rejection, StoreError};
 use exec::Executor;
