@@ -430,7 +430,7 @@ async fn connect(config: &Config) -> Result<Store, CliError> {
         .map_err(|err| match err {
             StoreError::Unavailable(e) => CliError::Unavailable(format!(
                 "cannot reach Redis at {}: {e}",
-                crate::config::redact_url(&config.redis.url)
+                crate::urls::redact_url(&config.redis.url)
             )),
             other => other.into(),
         })

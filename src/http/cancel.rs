@@ -8,8 +8,8 @@ use axum::extract::{Query, State};
 use axum::Json;
 use serde::Deserialize;
 
-use super::api::parse_topic;
 use super::error::PathParams;
+use super::params::parse_topic;
 use super::{ApiError, AppState};
 use crate::feed::Event;
 use crate::job::{IdPrefix, Topic};

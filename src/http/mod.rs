@@ -15,6 +15,7 @@ mod compat;
 mod error;
 mod features;
 mod ops;
+mod params;
 mod rate;
 
 use std::sync::{Arc, LazyLock};

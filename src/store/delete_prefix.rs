@@ -3,8 +3,8 @@
 //! with the topic (on a 1,000,000-job topic each step examines [`PREFIX_STEP`] hash
 //! entries). No per-job index exists for it: the walk scans the topic's jobs hash.
 
+use super::call::Call;
 use super::durable::judge;
-use super::exec::Call;
 use super::reply::Reader;
 use super::scripts::Scripts;
 use super::{Store, StoreError};
