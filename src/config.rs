@@ -426,6 +426,14 @@ impl Config {
         if self.ingest.prefetch == 0 {
             return Err(invalid("ingest.prefetch", "must be > 0"));
         }
+        if self.amqp.heartbeat_secs == 0 {
+            // 0 would negotiate no heartbeats at all: a half-open broker connection
+            // (a cut the kernel never reports) would then hang a stage for good.
+            return Err(invalid(
+                "amqp.heartbeat_secs",
+                "must be > 0: heartbeats are how a half-open broker connection is noticed",
+            ));
+        }
         if !(1..=MAX_BATCH).contains(&self.ingest.batch) {
             return Err(invalid("ingest.batch", format!("must be 1..={MAX_BATCH}")));
         }
@@ -841,6 +849,15 @@ mod tests {
             assert!(err.to_string().contains("max_per_second"), "{err}");
             Ok(())
         });
+    }
+
+    #[test]
+    fn heartbeats_cannot_be_turned_off() {
+        let mut config = Config::default();
+        config.amqp.heartbeat_secs = 0;
+        let err = config.validate().expect_err("refused");
+        assert!(err.to_string().contains("amqp.heartbeat_secs"), "{err}");
+        assert!(err.to_string().contains("half-open"), "{err}");
     }
 
     #[test]

@@ -335,3 +335,97 @@ async fn every_step_is_bounded_on_a_large_topic() {
         steps.len()
     );
 }
+
+/// The AMQP op: `x-redisched-op: delete-prefix`, `message_id` = the prefix. It applies in
+/// command order (a put before it goes, a put after it stays), answers how many went on
+/// `reply_to`, and a too-short prefix is set aside with its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_amqp_op_applies_in_command_order_and_answers_the_count() {
+    use common::bridge::*;
+    use lapin::types::AMQPValue;
+
+    let config = test_config("prefixop");
+    let broker = Broker::new(&config).await;
+    let store = common::test_store_named(&config.redis.prefix).await;
+    let replies = common::unique("replies");
+    broker.declare_queue(&replies).await;
+    let mut answers = broker.consume_queue(&replies).await;
+    let mut invalid = broker.consume_invalid().await;
+    let far = [("x-delay", AMQPValue::LongLongInt(3_600_000))];
+    // Published while no bridge runs, so one bridge gets them all in one window: the
+    // delete-prefix must still split it and apply in order.
+    for id in [
+        "acct_42_welcome",
+        "acct_42_digest",
+        "acct_420_welcome",
+        "acct_7_welcome",
+    ] {
+        broker.put("mail", id, b"x", &far).await;
+    }
+    let op = |prefix: &str| {
+        props(prefix, &[("x-redisched-op", text("delete-prefix"))])
+            .with_reply_to(replies.as_str().into())
+            .with_correlation_id(prefix.into())
+    };
+    broker.command("mail", op("acct_42_"), b"").await;
+    broker.put("mail", "acct_42_after", b"x", &far).await;
+    broker.command("mail", op("ac"), b"").await;
+
+    let bridge = InProcess::start(&config);
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let (_, reply) = answers
+            .next(Duration::from_secs(20))
+            .await
+            .expect("a reply for each delete-prefix");
+        let body: serde_json::Value = serde_json::from_slice(&reply.data).unwrap();
+        got.push(body);
+    }
+    assert_eq!(got[0]["status"], "deleted", "{got:?}");
+    assert_eq!(got[0]["deleted"], 2, "{got:?}");
+    assert_eq!(got[0]["id"], "acct_42_");
+    assert_eq!(got[1]["status"], "invalid", "{got:?}");
+    assert!(
+        got[1]["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("shorter than 3"),
+        "{got:?}"
+    );
+    let (_, aside) = invalid
+        .next(Duration::from_secs(10))
+        .await
+        .expect("the short prefix set aside");
+    assert_eq!(message_id(&aside), "ac");
+    assert!(header_text(&aside, "x-redisched-error")
+        .unwrap_or_default()
+        .contains("shorter than 3"));
+
+    let mail = Topic::new("mail").unwrap();
+    let left = ids(
+        &store,
+        &mail,
+        &[
+            "acct_42_welcome",
+            "acct_42_digest",
+            "acct_420_welcome",
+            "acct_7_welcome",
+            "acct_42_after",
+        ],
+    )
+    .await;
+    assert_eq!(
+        left,
+        ["acct_420_welcome", "acct_7_welcome", "acct_42_after"]
+    );
+    let history = store.history(&mail, None, 50).await.unwrap();
+    assert_eq!(
+        history
+            .iter()
+            .filter(|e| e.detail == "prefix acct_42_")
+            .count(),
+        2
+    );
+    bridge.stop().await;
+    broker.cleanup().await;
+}
