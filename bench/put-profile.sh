@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where put.lua's time goes, in a figure that does not depend on the machine's load:
 # user-space instructions Redis executes per EVALSHA (valgrind callgrind's Ir), for the
-# bare ZADD+HSET script and for put.lua with one piece taken out at a time (issue 11).
+# bare ZADD+HSET script and for put.lua with one piece taken out at a time.
 #
 #   bench/put-profile.sh [calls] [git-rev-of-an-earlier-put.lua]
 #   bench/put-profile.sh 10000 0cecb51

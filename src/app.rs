@@ -223,7 +223,7 @@ async fn connect_store(
                     .with_history_max(config.history.max_per_topic)
                     .with_health(health.clone())
                     .with_policies(config.compiled_policies().unwrap_or_default());
-                tracing::info!(url = %crate::config::redact_url(&config.redis.url), prefix = %config.redis.prefix, "connected to Redis");
+                tracing::info!(url = %crate::urls::redact_url(&config.redis.url), prefix = %config.redis.prefix, "connected to Redis");
                 return Some(store);
             }
             Err(err) => {
@@ -326,7 +326,7 @@ async fn session(
         std::process::id()
     );
     // 20 s for each broker listed: `amqp::connect` tries them in turn.
-    let brokers = crate::config::amqp_urls(&config.amqp.url).len().max(1) as u32;
+    let brokers = crate::urls::amqp_urls(&config.amqp.url).len().max(1) as u32;
     let open = async {
         let (connection, url) = tokio::time::timeout(
             Duration::from_secs(20) * brokers,

@@ -12,15 +12,15 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
 
 use crate::config::{Config, ConfigError};
-use crate::job::{Due, JobId, PutMode, Topic};
+use crate::job::{Due, IdPrefix, JobId, PutMode, Topic};
 use crate::policy::RateLimit;
 use crate::schedule::Schedule;
 use crate::store::{
     JobState, ListWhich, PutRequest, RateSource, Rejection, Store, StoreError, MAX_BATCH,
 };
 use crate::view::{
-    self, rfc3339, DeleteView, HistoryView, JobView, ListView, PauseView, PutView, RateLimitView,
-    RedriveView, ScheduleFields, TopicsView,
+    self, rfc3339, DeleteView, HistoryView, JobView, ListView, PauseView, PrefixDeleteView,
+    PutView, RateLimitView, RedriveView, ScheduleFields, TopicsView,
 };
 
 /// Exit codes of every command.
@@ -90,8 +90,12 @@ pub enum Command {
         A recurring job (--every or --cron) is first due at --delay/--at if given (for --cron: the \
         first match at or after it), else one interval from now or the next cron match.")]
     Put(PutArgs),
-    /// Cancel a job by id, wherever it is (exit 1 if there was none)
-    Delete(JobRef),
+    /// Cancel a job by id, wherever it is (exit 1 if there was none); or, with
+    /// `--id-prefix`, every job of the topic (or of all topics) whose id starts with it
+    #[command(override_usage = "redisched delete <TOPIC> <ID>\n       \
+        redisched delete <TOPIC> --id-prefix <PREFIX> [--force]\n       \
+        redisched delete --id-prefix <PREFIX> --all-topics [--force]")]
+    Delete(DeleteArgs),
     /// Show one job: state, schedule, due time, attempts, last error, body (exit 1 if there
     /// is none)
     Get(JobRef),
@@ -180,6 +184,26 @@ pub enum ConfigFormat {
 pub struct JobRef {
     pub topic: Topic,
     pub id: JobId,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").args(["id", "id_prefix"]).required(true)))]
+pub struct DeleteArgs {
+    /// The topic (omit it with `--id-prefix ... --all-topics`)
+    #[arg(required_unless_present = "all_topics")]
+    pub topic: Option<Topic>,
+    /// The job's id
+    pub id: Option<JobId>,
+    /// Instead of one id: every job whose id starts with this (e.g. `user_42_` when the
+    /// user deletes their account); prints how many went
+    #[arg(long, value_name = "PREFIX")]
+    pub id_prefix: Option<String>,
+    /// With `--id-prefix`: in every known topic, not one
+    #[arg(long, requires = "id_prefix", conflicts_with = "topic")]
+    pub all_topics: bool,
+    /// With `--id-prefix`: accept a prefix shorter than 3 characters
+    #[arg(long, requires = "id_prefix")]
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -353,7 +377,7 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
             let store = connect(&config).await?;
             put(&store, args, body, schedule).await
         }
-        Command::Delete(job) => delete(&connect(&config).await?, job).await,
+        Command::Delete(args) => delete(&connect(&config).await?, args).await,
         Command::Get(job) => get(&connect(&config).await?, job).await,
         Command::List {
             topic,
@@ -406,7 +430,7 @@ async fn connect(config: &Config) -> Result<Store, CliError> {
         .map_err(|err| match err {
             StoreError::Unavailable(e) => CliError::Unavailable(format!(
                 "cannot reach Redis at {}: {e}",
-                crate::config::redact_url(&config.redis.url)
+                crate::urls::redact_url(&config.redis.url)
             )),
             other => other.into(),
         })
@@ -511,14 +535,46 @@ async fn put(
     Ok(Output { json, human })
 }
 
-async fn delete(store: &Store, job: &JobRef) -> Result<Output, CliError> {
-    if store.delete(&job.topic, &job.id).await? {
+async fn delete(store: &Store, args: &DeleteArgs) -> Result<Output, CliError> {
+    if let Some(prefix) = &args.id_prefix {
+        let prefix = IdPrefix::new(prefix.as_str(), args.force)
+            .map_err(|err| CliError::Usage(err.to_string()))?;
+        let deleted = match &args.topic {
+            Some(topic) if !args.all_topics => {
+                let n = store.delete_prefix(topic, &prefix, None).await?;
+                vec![(topic.clone(), n)]
+            }
+            _ => store.delete_prefix_everywhere(&prefix).await?,
+        };
+        let answer = PrefixDeleteView::new(&prefix, args.all_topics, &deleted);
+        let human = match args.topic.as_ref().filter(|_| !args.all_topics) {
+            Some(topic) => format!(
+                "deleted {} job(s) of topic {topic} whose id starts with \"{prefix}\"",
+                answer.deleted
+            ),
+            None => format!(
+                "deleted {} job(s) whose id starts with \"{prefix}\", in {} topic(s)",
+                answer.deleted,
+                answer.topics.len()
+            ),
+        };
+        return Ok(Output {
+            json: view::to_json(&answer),
+            human,
+        });
+    }
+    let (Some(topic), Some(id)) = (&args.topic, &args.id) else {
+        return Err(CliError::Usage(
+            "delete needs TOPIC ID, or --id-prefix PREFIX with TOPIC or --all-topics".into(),
+        ));
+    };
+    if store.delete(topic, id).await? {
         Ok(Output {
-            json: view::to_json(&DeleteView::deleted(job.topic.as_str(), job.id.as_str())),
-            human: format!("deleted {}/{}", job.topic, job.id),
+            json: view::to_json(&DeleteView::deleted(topic.as_str(), id.as_str())),
+            human: format!("deleted {topic}/{id}"),
         })
     } else {
-        Err(CliError::NotFound(view::no_such_job(&job.topic, &job.id)))
+        Err(CliError::NotFound(view::no_such_job(topic, id)))
     }
 }
 

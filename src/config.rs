@@ -13,6 +13,7 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 
 use crate::store::{ConnectOptions, Durability, Limits, MAX_BATCH};
+use crate::urls::{amqp_urls, redact_url};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -425,6 +426,14 @@ impl Config {
         if self.ingest.prefetch == 0 {
             return Err(invalid("ingest.prefetch", "must be > 0"));
         }
+        if self.amqp.heartbeat_secs == 0 {
+            // 0 would negotiate no heartbeats at all: a half-open broker connection
+            // (a cut the kernel never reports) would then hang a stage for good.
+            return Err(invalid(
+                "amqp.heartbeat_secs",
+                "must be > 0: heartbeats are how a half-open broker connection is noticed",
+            ));
+        }
         if !(1..=MAX_BATCH).contains(&self.ingest.batch) {
             return Err(invalid("ingest.batch", format!("must be 1..={MAX_BATCH}")));
         }
@@ -699,35 +708,6 @@ impl Config {
     }
 }
 
-/// The broker URLs of `amqp.url`: one, or several separated by commas (tried in turn by
-/// `amqp::connect`). A comma inside a password must be percent-encoded (`%2C`).
-pub fn amqp_urls(raw: &str) -> Vec<&str> {
-    raw.split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .collect()
-}
-
-/// `amqp://user:secret@host/` -> `amqp://user:***@host/`, in each part of a
-/// comma-separated list; any part that is not a URL with a host (unparsable, or a piece
-/// of a password that contained a comma) is masked whole rather than risk printing a
-/// secret.
-pub fn redact_url(raw: &str) -> String {
-    raw.split(',')
-        .map(|part| match url::Url::parse(part.trim()) {
-            Ok(mut url) if url.has_host() => {
-                if url.password().is_some() {
-                    // Setting a password only fails for URLs that cannot have one.
-                    let _ = url.set_password(Some("***"));
-                }
-                url.to_string()
-            }
-            _ => "***".into(),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -872,6 +852,15 @@ mod tests {
     }
 
     #[test]
+    fn heartbeats_cannot_be_turned_off() {
+        let mut config = Config::default();
+        config.amqp.heartbeat_secs = 0;
+        let err = config.validate().expect_err("refused");
+        assert!(err.to_string().contains("amqp.heartbeat_secs"), "{err}");
+        assert!(err.to_string().contains("half-open"), "{err}");
+    }
+
+    #[test]
     fn public_listen_without_token_is_refused() {
         let mut config = Config::default();
         config.http.listen = "0.0.0.0:7171".into();
@@ -953,30 +942,8 @@ mod tests {
     }
 
     #[test]
-    fn redaction_masks_passwords() {
-        assert_eq!(
-            redact_url("amqp://guest:secret@h:5672/%2f"),
-            "amqp://guest:***@h:5672/%2f"
-        );
-        assert_eq!(redact_url("redis://:pw@h:6379/0"), "redis://:***@h:6379/0");
-        assert_eq!(redact_url("not a url"), "***");
-    }
-
-    #[test]
-    fn several_amqp_urls_are_validated_and_redacted_each() {
+    fn several_amqp_urls_are_validated() {
         let list = "amqp://guest:s1@h1:5672/%2f, amqp://u:s2@h2:5673/v,amqps://h3/%2f";
-        assert_eq!(
-            redact_url(list),
-            "amqp://guest:***@h1:5672/%2f,amqp://u:***@h2:5673/v,amqps://h3/%2f"
-        );
-        // A password with a raw comma splits into pieces that are not URLs: all masked.
-        let raw_comma = redact_url("amqp://u:se,cret@h:5672/%2f");
-        assert!(
-            !raw_comma.contains("se") && !raw_comma.contains("cret"),
-            "{raw_comma}"
-        );
-        assert_eq!(amqp_urls(list).len(), 3);
-
         let mut config = Config::default();
         config.amqp.url = list.into();
         config.validate().expect("a list of amqp URLs is valid");

@@ -106,6 +106,69 @@ fn check_len(what: &'static str, len: usize, max: usize) -> Result<(), NameError
     Ok(())
 }
 
+/// The start of job ids, for cancelling every job it names (`delete --id-prefix`, the
+/// `delete-prefix` op). The characters of a [`JobId`], 1 to 256 bytes, and at least
+/// [`MIN_PREFIX_CHARS`] characters unless forced: a shorter one names a large share of
+/// any id space (`a`, `us`), usually by mistake.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct IdPrefix(String);
+
+/// The least prefix length accepted without forcing it, in characters.
+pub const MIN_PREFIX_CHARS: usize = 3;
+
+/// Why an id prefix was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrefixError {
+    #[error(transparent)]
+    Name(#[from] NameError),
+    #[error(
+        "id prefix {prefix:?} is {chars} character(s) long: a prefix shorter than {MIN_PREFIX_CHARS} \
+         would match a large share of all ids (--force, or force=true, if that is what you mean)"
+    )]
+    TooShort { prefix: String, chars: usize },
+}
+
+impl IdPrefix {
+    pub fn new(prefix: impl Into<String>, force: bool) -> Result<Self, PrefixError> {
+        let prefix = prefix.into();
+        let checked = JobId::new(prefix).map_err(|err| match err {
+            NameError::Empty { .. } => NameError::Empty { what: "id prefix" },
+            NameError::TooLong { len, max, .. } => NameError::TooLong {
+                what: "id prefix",
+                len,
+                max,
+            },
+            NameError::Forbidden {
+                ch, at, allowed, ..
+            } => NameError::Forbidden {
+                what: "id prefix",
+                ch,
+                at,
+                allowed,
+            },
+        })?;
+        let chars = checked.0.chars().count();
+        if chars < MIN_PREFIX_CHARS && !force {
+            return Err(PrefixError::TooShort {
+                prefix: checked.0,
+                chars,
+            });
+        }
+        Ok(Self(checked.0))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for IdPrefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 macro_rules! string_newtype {
     ($($ty:ty),*) => {$(
         impl fmt::Display for $ty {

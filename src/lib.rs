@@ -25,4 +25,5 @@ pub mod shutdown;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+pub mod urls;
 pub mod view;

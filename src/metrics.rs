@@ -17,7 +17,8 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CommandLabels {
-    /// `put`, `replace`, `delete`, or `invalid` when the op could not be read.
+    /// `put`, `replace`, `delete`, `delete-prefix`, or `unknown` when the op could not be
+    /// read.
     pub op: String,
     /// `scheduled`, `replaced`, `duplicate`, `deleted`, `not_found`, `invalid`.
     pub outcome: String,

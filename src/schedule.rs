@@ -202,11 +202,6 @@ impl Schedule {
         }
     }
 
-    /// Alias of [`Schedule::cron_expr`] for views.
-    pub fn cron_str(&self) -> Option<&str> {
-        self.cron_expr()
-    }
-
     pub fn tz(&self) -> Option<&str> {
         match self {
             Schedule::Cron { tz, .. } => Some(tz),

@@ -7,7 +7,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use base64::Engine as _;
 use serde::Serialize;
 
-use crate::job::{JobId, Topic};
+use crate::job::{IdPrefix, JobId, Topic};
 use crate::policy::RateLimit;
 use crate::store::{
     HistoryEntry, JobInfo, JobState, JobSummary, LastError, Outcome, PutOutcome, PutStatus,
@@ -174,6 +174,40 @@ impl DeleteView {
             topic: topic.to_string(),
             id: id.to_string(),
             deleted: true,
+        }
+    }
+}
+
+/// The answer to a cancel by id prefix: how many jobs went, in all and per topic (the
+/// topics that had none are left out).
+#[derive(Debug, Clone, Serialize)]
+pub struct PrefixDeleteView {
+    pub id_prefix: String,
+    pub all_topics: bool,
+    pub deleted: u64,
+    pub topics: Vec<PrefixDeleteRow>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PrefixDeleteRow {
+    pub topic: String,
+    pub deleted: u64,
+}
+
+impl PrefixDeleteView {
+    pub fn new(prefix: &IdPrefix, all_topics: bool, deleted: &[(Topic, u64)]) -> Self {
+        Self {
+            id_prefix: prefix.to_string(),
+            all_topics,
+            deleted: deleted.iter().map(|(_, n)| n).sum(),
+            topics: deleted
+                .iter()
+                .filter(|(_, n)| *n > 0 || !all_topics)
+                .map(|(topic, n)| PrefixDeleteRow {
+                    topic: topic.to_string(),
+                    deleted: *n,
+                })
+                .collect(),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Bad input against a real bridge (the cases of issue 6 that neither
+//! Bad input against a real bridge (the cases that neither
 //! `tests/bridge.rs` nor the unit tests of `src/ingest/decode.rs` cover): odd `x-delay`
 //! and `x-deliver-at` values, ids and topics at and past their edges, bodies at and over
 //! the limit, a message_id that is not UTF-8 (sent with pika: lapin cannot send one),

@@ -95,7 +95,7 @@ async fn jobs_arrive_on_time_never_early_with_body_and_headers_intact() {
     assert_eq!(
         header(&job, "x-delay"),
         Some(&AMQPValue::LongInt(-400)),
-        "x-delay comes back negated, as the delayed-message plugin delivers it (issue 14.6)"
+        "x-delay comes back negated, as the delayed-message plugin delivers it"
     );
     assert_eq!(
         header_text(&job, "x-redisched-topic").as_deref(),

@@ -1,4 +1,4 @@
-//! Issue 13.2, a seeded chaos run: for `CHAOS_SECS` (default 60) seconds, three
+//! A seeded chaos run: for `CHAOS_SECS` (default 60) seconds, three
 //! `redisched run` children take puts, replaces and deletes over 24 topics while a
 //! schedule of faults derived from one seed hits them: SIGKILL and SIGTERM of a bridge
 //! (restarted after a pause), SIGKILL + restart of the private Redis (AOF,

@@ -1,4 +1,4 @@
-//! Faults (issue 6): the bridge under a Redis crash, a broker restart, a resource
+//! Faults: the bridge under a Redis crash, a broker restart, a resource
 //! alarm, network cuts and hangs, SIGKILL mid-ingest and SIGTERM under load. Each test
 //! asserts the promise: every job whose put the broker confirmed (and that was not
 //! deleted) is delivered at least once, never early; duplicates are counted, printed

@@ -1,4 +1,4 @@
-//! The scheduler features (issue 10) through the `redisched` binary against a real Redis
+//! The scheduler features through the `redisched` binary against a real Redis
 //! (and RabbitMQ where a bridge dispatches): pause and resume with another topic flowing,
 //! redrive of parked jobs, the outcome history, recurring puts (`--every`, `--cron`), and
 //! `get`/`list`/`stats` showing schedules, failures and parked jobs.

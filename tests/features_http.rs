@@ -1,4 +1,4 @@
-//! The scheduler features (issue 10) through the REST API against a real Redis (and
+//! The scheduler features through the REST API against a real Redis (and
 //! RabbitMQ where a bridge dispatches): pause and resume with another topic flowing,
 //! failing and parked jobs with redrive, the outcome history, recurring puts, the
 //! per-topic gauges, auth on the new endpoints, and the same JSON as the CLI's `--json`.

@@ -1,4 +1,4 @@
-//! Logs stay readable under bad input (issue 13.4): a flood of invalid commands writes
+//! Logs stay readable under bad input: a flood of invalid commands writes
 //! the first one of each topic with its reason, then a summary with the exact count, not
 //! a WARN line per command. Nothing is hidden: every command is still set aside.
 

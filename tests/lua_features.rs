@@ -1,5 +1,5 @@
-//! The scheduler features of the Lua store layer (issue 10) and its format versioning
-//! (issue 13.3), driven straight through EVALSHA with the sources of `lua/`, as any
+//! The scheduler features of the Lua store layer and its format versioning
+//!, driven straight through EVALSHA with the sources of `lua/`, as any
 //! other client would: recurring series, pause/resume, failing and parked jobs,
 //! redrive, the capped history, format-1 and format-2 fixtures, and the rolling-upgrade
 //! behaviour of the previous release's scripts (`tests/fixtures/lua_v1/`).

@@ -1,4 +1,4 @@
-//! Issue 7, RabbitMQ: the bridge against a 3-node RabbitMQ cluster losing a node.
+//! RabbitMQ: the bridge against a 3-node RabbitMQ cluster losing a node.
 //!
 //! Three private nodes (`PrivateRabbit`, own ports, data and logs, one shared Erlang
 //! cookie) on loopback; nodes 2 and 3 join node 1, so the quorum commands queue has three

@@ -1208,7 +1208,7 @@ async fn scripts_refuse_bad_arguments_with_invalid_argument() {
 #[tokio::test]
 async fn put_accepts_exactly_the_ids_the_rust_job_id_accepts() {
     // put.lua checks printable ASCII in one scan and everything else byte by byte
-    // (issue 11); both paths must keep the JobId rule: 1..256 bytes of UTF-8 without
+    //; both paths must keep the JobId rule: 1..256 bytes of UTF-8 without
     // control characters (C0, DEL, C1).
     let store = test_store().await;
     let keys = store.keys().all(&topic("ids")).to_vec();

@@ -1,4 +1,4 @@
-//! The Pub/Sub wake-up path survives a half-open subscription (issue 13.5).
+//! The Pub/Sub wake-up path survives a half-open subscription.
 //!
 //! With the rescan interval set long (60 s), a job that another client puts through the
 //! Lua script reaches the bridge only through the notification the script publishes. The

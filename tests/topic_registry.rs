@@ -1,4 +1,4 @@
-//! The topics set (`<prefix>:topics`) after issue 11: the store adds a topic once per
+//! The topics set (`<prefix>:topics`): the store adds a topic once per
 //! refresh time instead of once per batch, and never leaves a topic it puts to missing
 //! for longer than that: a set deleted by hand is whole again at the first put after
 //! the refresh, and a Redis that restarted without its data gets the topic back with

@@ -1,4 +1,4 @@
-//! Issue 11's layout study: bytes per job, put and reserve+release rates of today's
+//! The layout study: bytes per job, put and reserve+release rates of today's
 //! record layout beside a more compact one, in the same run, on a private Redis (it
 //! changes `hash-max-listpack-value`, and `used_memory` must count this run alone).
 //!
@@ -557,7 +557,7 @@ impl Study<'_> {
 pub fn print_table(r: &Value) {
     println!();
     println!(
-        "layout study (issue 11): {} rounds, {} waiting + {} due jobs per side and round, {}-byte bodies, {}-byte ids; buckets {} (waiting) / {} (due); time slots of {} ms (waiting) / {} ms (due); hash-max-listpack-value {} for the compact sides; load average before {} after {}",
+        "layout study: {} rounds, {} waiting + {} due jobs per side and round, {}-byte bodies, {}-byte ids; buckets {} (waiting) / {} (due); time slots of {} ms (waiting) / {} ms (due); hash-max-listpack-value {} for the compact sides; load average before {} after {}",
         r["runs"], r["jobs_per_side"], r["due_jobs_per_side"], r["body_bytes"], r["id_bytes"],
         r["buckets_waiting"], r["buckets_due"], r["slot_width_ms_waiting"], r["slot_width_ms_due"],
         r["listpack_value"], r["load_average"]["before"], r["load_average"]["after"]

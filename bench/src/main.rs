@@ -11,7 +11,7 @@
 //! cargo run --release -p redisched-bench -- layout   # today's record layout vs bucketed
 //! ```
 //!
-//! `store` and `dispatch` compare the outcome history (issue 10) on (cap 1000) and off
+//! `store` and `dispatch` compare the outcome history on (cap 1000) and off
 //! (0) in the same run by default (`--history both`, `--runs 3`): medians (min–max) of
 //! the rounds and the on/off ratio paired per round.
 //!
@@ -59,10 +59,10 @@ enum Command {
     /// The job store: bytes per job, put and reserve+release throughput, cost at scale,
     /// each beside the raw Redis ceiling.
     Store(StoreArgs),
-    /// Only the put cost comparison of `store` (issue 11): put.lua and Store::apply
+    /// Only the put cost comparison of `store`: put.lua and Store::apply
     /// beside a bare ZADD+HSET script given the same keys and arguments.
     PutCost(PutCostArgs),
-    /// The layout study (issue 11): bytes per job and rates of today's record layout
+    /// The layout study: bytes per job and rates of today's record layout
     /// beside records in small bucket hashes, on a private redis-server.
     Layout(LayoutArgs),
     #[command(flatten)]
@@ -98,7 +98,7 @@ struct StoreArgs {
     /// Store::apply batches (pipelines) in flight at once.
     #[arg(long, default_value_t = 4)]
     in_flight: usize,
-    /// Outcome history (issue 10): `both` measures put, reserve+release and bytes per
+    /// Outcome history: `both` measures put, reserve+release and bytes per
     /// job with the default cap (1000) and without (0), alternating, `--runs` times;
     /// `on`/`off` run only that side (and the main figures with it).
     #[arg(long, value_enum, default_value_t = HistoryChoice::Both)]
@@ -782,13 +782,13 @@ async fn run(
     let drain_rate = per_sec(drained, drain_time);
     let put_due_rate = per_sec(drain_jobs, put_due);
 
-    // --- history on vs off (issue 10), alternating in this run ------------------------
+    // --- history on vs off, alternating in this run ------------------------
     let history_jobs = args
         .history_jobs
         .unwrap_or(if args.quick { 10_000 } else { 100_000 });
     let history = history_compare(bench, args, prefix, history_jobs).await?;
 
-    // --- put.lua beside a bare ZADD+HSET script on the same keys and arguments (issue 11)
+    // --- put.lua beside a bare ZADD+HSET script on the same keys and arguments
     let put_cost_jobs = args
         .put_cost_jobs
         .unwrap_or(if args.quick { 10_000 } else { 100_000 });
@@ -926,7 +926,7 @@ struct Lane {
     moved: u64,
 }
 
-/// Issue 10: put, reserve+release and bytes per one-shot job with the outcome history
+/// Put, reserve+release and bytes per one-shot job with the outcome history
 /// on (cap 1000) and off (0) in one run: each round puts `jobs` waiting jobs per side
 /// and reserves+releases `jobs` due ones, the sides taking turns every
 /// [`HISTORY_SLICE`] jobs, beside a fresh ZADD+HSET ceiling. Every side has its own

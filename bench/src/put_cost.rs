@@ -1,4 +1,4 @@
-//! Issue 11: what `put.lua` costs next to the least a scheduler on Redis must do per job
+//! What `put.lua` costs next to the least a scheduler on Redis must do per job
 //! (one ZADD and one HSET in a script), measured so that only the scripts differ.
 //!
 //! Three sides take turns every [`SLICE`] jobs, each into its own topic:
@@ -346,7 +346,7 @@ pub fn print_table(c: &Value) {
     let r = &c["ratios_vs_bare"];
     println!();
     println!(
-        "put cost (issue 11): {} rounds, {} jobs per side and round, sides alternating every {} jobs; {}; load average before {} after {}",
+        "put cost: {} rounds, {} jobs per side and round, sides alternating every {} jobs; {}; load average before {} after {}",
         c["runs"],
         c["jobs_per_side"],
         c["slice_jobs"],

@@ -1,4 +1,4 @@
-//! `redisched-bench replication` (issue 13.1): what `redis.wait_replicas = 1` costs
+//! `redisched-bench replication`: what `redis.wait_replicas = 1` costs
 //! ingest, on a primary that has a replica, beside `wait_replicas = 0` in the same run
 //! (the two alternate, `--runs` rounds, so a drift of the shared machine favours
 //! neither) and beside the raw Redis floor of the same run.

@@ -128,7 +128,7 @@ pub async fn connect(
     name: &str,
     start: usize,
 ) -> Result<(Connection, String), AmqpError> {
-    let urls = crate::config::amqp_urls(&config.url);
+    let urls = crate::urls::amqp_urls(&config.url);
     if urls.is_empty() {
         return Err(AmqpError::Url("no AMQP URL".into()));
     }
@@ -136,10 +136,10 @@ pub async fn connect(
     for i in 0..urls.len() {
         let url = urls[(start + i) % urls.len()];
         match connect_one(config, url, name).await {
-            Ok(connection) => return Ok((connection, crate::config::redact_url(url))),
+            Ok(connection) => return Ok((connection, crate::urls::redact_url(url))),
             Err(err) => {
                 if urls.len() > 1 {
-                    tracing::warn!(url = %crate::config::redact_url(url), error = %err, "cannot connect to this broker; trying the next");
+                    tracing::warn!(url = %crate::urls::redact_url(url), error = %err, "cannot connect to this broker; trying the next");
                 }
                 last_error = Some(err);
             }

@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::PathParams;
+use super::params::{list_which, parse_count, parse_id, parse_topic};
 use super::{ApiError, AppState};
 use crate::feed::Event;
 use crate::job::{Due, DueError, JobId, PutMode, Topic};
@@ -72,7 +73,7 @@ pub(super) async fn list_jobs(
                 ))
             })? as usize,
     };
-    let which = super::features::list_which(query.state.as_deref())?;
+    let which = list_which(query.state.as_deref())?;
     let jobs = state.store.list_jobs(&topic, which, limit, offset).await?;
     let now = state.store.server_time().await?;
     Ok(Json(ListView::new(&topic, now, &jobs)))
@@ -251,14 +252,6 @@ fn record(state: &AppState, topic: &str, id: &str, op: &str, outcome: &str) {
 // ---------------------------------------------------------------------------------
 // Parsing
 
-pub(super) fn parse_topic(raw: &str) -> Result<Topic, ApiError> {
-    Topic::new(raw).map_err(|e| ApiError::bad_request(format!("bad topic: {e}")))
-}
-
-pub(super) fn parse_id(raw: &str) -> Result<JobId, ApiError> {
-    JobId::new(raw).map_err(|e| ApiError::bad_request(format!("bad job id: {e}")))
-}
-
 fn not_found(topic: &Topic, id: &JobId) -> ApiError {
     ApiError::not_found(crate::view::no_such_job(topic, id))
 }
@@ -381,15 +374,6 @@ fn is_rfc3339_shape(raw: &str) -> bool {
         && second < 60
         && fraction
             .is_none_or(|f| (1..=9).contains(&f.len()) && f.bytes().all(|c| c.is_ascii_digit()))
-}
-
-/// A non-negative integer written as ASCII digits only (no sign, no spaces); `None`
-/// for anything else, including the empty string.
-pub(super) fn parse_count(raw: &str) -> Option<u64> {
-    if raw.is_empty() || !raw.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some(raw.parse::<u64>().unwrap_or(u64::MAX))
 }
 
 /// The OpenAPI document as served: `openapi.json` with what depends on this server's

@@ -6,8 +6,8 @@ use axum::extract::{Query, State};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::api::parse_count;
 use super::error::PathParams;
+use super::params::parse_count;
 use super::{ApiError, AppState};
 use crate::job::Topic;
 use crate::store::{DueHistogram, MAX_HISTOGRAM_BUCKETS, MAX_HISTOGRAM_WINDOW_MS};

@@ -8,8 +8,9 @@ use axum::response::Response;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::api::{delete, finish_delete, finish_put, parse_id, parse_topic, put, read_body};
+use super::api::{delete, finish_delete, finish_put, put, read_body};
 use super::error::PathParams;
+use super::params::{parse_id, parse_topic};
 use super::{ApiError, AppState};
 use crate::job::{float_millis, Due, PutMode, MAX_TIME_MS};
 use crate::store::Limits;

@@ -1,4 +1,4 @@
-//! The REST faces of the scheduler features (issue 10): pause and resume a topic,
+//! The REST faces of the scheduler features: pause and resume a topic,
 //! redrive parked jobs, a topic's outcome history, and the schedule parameters of a put.
 //! The JSON is the CLI's `--json` (`crate::view`).
 
@@ -8,13 +8,13 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 
-use super::api::{parse_count, parse_id, parse_topic};
 use super::error::PathParams;
+use super::params::{parse_count, parse_id, parse_topic};
 use super::{ApiError, AppState};
 use crate::feed::Event;
 use crate::job::{Due, JobId, PutMode, Topic};
 use crate::schedule::Schedule;
-use crate::store::{ListWhich, PutOutcome, PutRequest, MAX_BATCH};
+use crate::store::{PutOutcome, PutRequest, MAX_BATCH};
 use crate::view::{HistoryView, PauseView, RedriveView};
 
 /// History entries shown when `limit` is not given.
@@ -202,18 +202,6 @@ impl Recurrence {
     }
 }
 
-/// The `state` query parameter of `GET /v1/topics/{topic}/jobs`: `scheduled` (default)
-/// or `parked`.
-pub(super) fn list_which(raw: Option<&str>) -> Result<ListWhich, ApiError> {
-    match raw {
-        None | Some("scheduled") => Ok(ListWhich::Scheduled),
-        Some("parked") => Ok(ListWhich::Parked),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "state must be `scheduled` or `parked`, got {other:?}"
-        ))),
-    }
-}
-
 /// Why a redrive of one job moved nothing: 404 without the job, 409 when it is not parked.
 async fn not_redriven(state: &AppState, topic: &Topic, id: &JobId) -> Result<ApiError, ApiError> {
     let info = state.store.get(topic, id).await?;
@@ -233,19 +221,4 @@ fn announce(state: &AppState, topic: &Topic, id: &str, op: &str, outcome: &str) 
         outcome: outcome.to_string(),
     });
     tracing::info!(%topic, id, op, outcome, source = "http", "topic operation");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn list_states_parse() {
-        assert_eq!(list_which(None).ok(), Some(ListWhich::Scheduled));
-        assert_eq!(list_which(Some("parked")).ok(), Some(ListWhich::Parked));
-        let err = list_which(Some("dead")).unwrap_err();
-        assert_eq!(err.status, StatusCode::BAD_REQUEST);
-        assert!(err.message.contains("`parked`"), "{}", err.message);
-        assert!(list_which(Some("")).is_err(), "an empty value is refused");
-    }
 }

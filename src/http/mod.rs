@@ -9,11 +9,13 @@
 
 mod api;
 mod auth;
+mod cancel;
 mod charts;
 mod compat;
 mod error;
 mod features;
 mod ops;
+mod params;
 mod rate;
 
 use std::sync::{Arc, LazyLock};
@@ -21,7 +23,7 @@ use std::time::Duration;
 
 use axum::http::{header, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Extension, Router};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -65,7 +67,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/events", get(ops::events))
         .route("/v1/topics", get(api::topics))
-        .route("/v1/topics/{topic}/jobs", get(api::list_jobs))
+        .route(
+            "/v1/topics/{topic}/jobs",
+            get(api::list_jobs).delete(cancel::delete_in_topic),
+        )
+        .route("/v1/jobs", delete(cancel::delete_everywhere))
         .route(
             "/v1/topics/{topic}/due-histogram",
             get(charts::due_histogram),

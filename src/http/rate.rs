@@ -9,8 +9,9 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::Json;
 use serde_json::Value;
 
-use super::api::{parse_topic, read_body};
+use super::api::read_body;
 use super::error::PathParams;
+use super::params::parse_topic;
 use super::{ApiError, AppState};
 use crate::feed::Event;
 use crate::policy::RateLimit;

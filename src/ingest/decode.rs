@@ -1,7 +1,8 @@
 //! Turning one AMQP delivery into a store command, or into the reason it is invalid.
 //!
 //! The rules are the wire contract (README, "Commands in"): routing key = topic,
-//! `message_id` = job id, `x-redisched-op` = put | replace | delete, `x-delay` (ms) or
+//! `message_id` = job id, `x-redisched-op` = put | replace | delete | delete-prefix
+//! (`message_id` = the id prefix), `x-delay` (ms) or
 //! `x-deliver-at` (epoch ms) for the due time, body stored verbatim; a put or replace
 //! may carry `x-redisched-every` or `x-redisched-cron` (+ `x-redisched-tz`) to make the
 //! job a recurring series (README, "Recurring schedules over AMQP").
@@ -12,7 +13,7 @@ use lapin::BasicProperties;
 
 use crate::amqp::{encode_meta, forwardable, headers, job_id, too_deep, with_plugin_delay};
 use crate::job::float_millis;
-use crate::job::{Due, JobId, PutMode, Topic};
+use crate::job::{Due, IdPrefix, JobId, PutMode, Topic};
 use crate::schedule::Schedule;
 use crate::store::{Command, Limits, Op, PutRequest};
 
@@ -95,6 +96,43 @@ impl Decoded {
     }
 }
 
+/// Whether a delivery is `x-redisched-op: delete-prefix`: such a command is applied on
+/// its own, between the commands before and after it (see [`decode_prefix_delete`]).
+pub(super) fn is_prefix_delete(props: &BasicProperties) -> bool {
+    let op = props
+        .headers()
+        .as_ref()
+        .and_then(|t| t.inner().get(headers::OP));
+    op.and_then(text).as_deref() == Some(PREFIX_DELETE)
+}
+
+/// The op value that cancels every job of the topic whose id starts with `message_id`.
+pub(super) const PREFIX_DELETE: &str = "delete-prefix";
+
+/// A `delete-prefix` command: the topic (routing key) and the id prefix (`message_id`,
+/// or `x-redisched-id`), at least [`crate::job::MIN_PREFIX_CHARS`] characters (there is no forcing
+/// over AMQP: a shorter prefix is almost always a mistake, and the CLI and REST can
+/// force one).
+pub(super) fn decode_prefix_delete(delivery: &Delivery) -> Result<(Topic, IdPrefix), Invalid> {
+    let props = &delivery.properties;
+    if let Some(reason) = props.headers().as_ref().and_then(too_deep) {
+        return Err(invalid(reason));
+    }
+    if let Some(table) = props.headers().as_ref() {
+        refuse_unknown_headers(table)?;
+    }
+    let topic = Topic::new(delivery.routing_key.as_str())
+        .map_err(|e| invalid(format!("bad topic (routing key): {e}")))?;
+    let raw = job_id(props).map_err(invalid)?.ok_or_else(|| {
+        invalid(format!(
+            "missing message_id (or header {}): a {PREFIX_DELETE} carries the id prefix there",
+            headers::ID
+        ))
+    })?;
+    let prefix = IdPrefix::new(raw, false).map_err(|e| invalid(e.to_string()))?;
+    Ok((topic, prefix))
+}
+
 pub fn decode(delivery: &Delivery, rules: Rules) -> Result<Decoded, Invalid> {
     decode_parts(
         delivery.routing_key.as_str(),
@@ -142,9 +180,14 @@ pub fn decode_parts(
             Some("put") => OpName::Put,
             Some("replace") => OpName::Replace,
             Some("delete") => OpName::Delete,
+            Some(PREFIX_DELETE) => {
+                return Err(invalid(format!(
+                    "internal: {PREFIX_DELETE} is applied on its own, not in a batch"
+                )))
+            }
             _ => {
                 return Err(invalid(format!(
-                    "unknown {}: {} (expected put, replace or delete)",
+                    "unknown {}: {} (expected put, replace, delete or {PREFIX_DELETE})",
                     headers::OP,
                     show(value)
                 )))
@@ -348,6 +391,7 @@ pub(super) fn op_name(props: &BasicProperties) -> &'static str {
         None | Some("put") => "put",
         Some("replace") => "replace",
         Some("delete") => "delete",
+        Some(PREFIX_DELETE) => PREFIX_DELETE,
         Some(_) => "unknown",
     }
 }

@@ -10,7 +10,7 @@
 //! still wins. Replies and set-asides go out in batch order too.
 //!
 //! Fencing: with a single active consumer, every put and delete carries the session's
-//! ingest epoch (`Store::apply_fenced`), so a request this bridge gave up on, still on
+//! ingest epoch (the `epoch` of `Store::apply_durably`), so a request this bridge gave up on, still on
 //! its way to Redis while the broker redelivered its commands to another bridge,
 //! cannot land after the commands that followed it. A fenced reply ends the session.
 //!
@@ -97,7 +97,34 @@ fn job_key(delivery: &Delivery) -> Option<JobKey> {
     Some((delivery.routing_key.to_string(), id))
 }
 
-/// An ingest session's epoch (see `Store::apply_fenced`): the session part comes from
+/// What a batch in flight names: its jobs, or everything (a `delete-prefix`, whose
+/// jobs are only known once it ran, so nothing may run beside it).
+struct Named {
+    jobs: HashSet<JobKey>,
+    barrier: bool,
+}
+
+impl Named {
+    fn jobs(jobs: HashSet<JobKey>) -> Self {
+        Self {
+            jobs,
+            barrier: false,
+        }
+    }
+
+    fn barrier() -> Self {
+        Self {
+            jobs: HashSet::new(),
+            barrier: true,
+        }
+    }
+
+    fn conflicts(&self, other: &Named) -> bool {
+        self.barrier || other.barrier || !self.jobs.is_disjoint(&other.jobs)
+    }
+}
+
+/// An ingest session's epoch (see `Store::apply_durably`): the session part comes from
 /// the store's counter at the first batch, when this consumer became the active one, so
 /// it is newer than every session active before; the attempt part grows after each
 /// failed apply, so the retry outranks a request of this session still on its way, but
@@ -137,18 +164,23 @@ struct AppliedBatch {
     batch: Vec<Delivery>,
     commands: Vec<Result<Command, Invalid>>,
     results: Vec<Result<Applied, Rejection>>,
+    /// A `delete-prefix` batch (its one delivery): how many jobs went, or why not.
+    prefix: Option<Result<u64, Invalid>>,
 }
 
 /// How one delivery ended, before it is acked.
 enum Outcome {
     Applied(Applied),
+    /// A `delete-prefix` removed this many jobs.
+    PrefixDeleted(u64),
     Invalid(String),
 }
 
 impl Ingest {
-    /// Consumes until `shutdown` or a broker error. On shutdown the consumer is
-    /// cancelled and the batch in hand is finished; prefetched deliveries that were not
-    /// started go back to the queue when the channel closes.
+    /// Consumes until `shutdown` or a broker error. On shutdown no more deliveries are
+    /// taken and the batches in hand are finished and acked; prefetched deliveries that
+    /// were not started go back to the queue when the channel closes (no `basic.cancel`
+    /// first, see [`Ingest::consume`]).
     pub async fn run(
         &self,
         connection: &Connection,
@@ -233,13 +265,21 @@ impl Ingest {
         // Batches being applied, oldest first, with the jobs each names. A batch is acked
         // (cumulatively) only when it and every batch before it were applied.
         let mut in_flight = FuturesOrdered::new();
-        let mut named: VecDeque<HashSet<JobKey>> = VecDeque::new();
-        // A batch naming a job an in-flight batch also names waits for it.
-        let mut held: Option<(Vec<Delivery>, HashSet<JobKey>)> = None;
+        let mut named: VecDeque<Named> = VecDeque::new();
+        // A batch naming a job an in-flight batch also names waits for it; a
+        // `delete-prefix` (a batch of its own) waits for all, and all wait for it.
+        let mut held: Option<(Vec<Delivery>, Named)> = None;
+        // A `delete-prefix` met while a batch was being filled: it starts the next one.
+        let mut stashed: Option<Delivery> = None;
         let mut draining = false;
         loop {
+            if held.is_none() {
+                if let Some(barrier) = stashed.take() {
+                    held = Some((vec![barrier], Named::barrier()));
+                }
+            }
             if let Some((batch, jobs)) = held.take() {
-                if named.iter().any(|earlier| !earlier.is_disjoint(&jobs)) {
+                if named.iter().any(|earlier| earlier.conflicts(&jobs)) {
                     held = Some((batch, jobs));
                 } else {
                     in_flight.push_back(self.apply_batch(&channel, batch, &epoch, &shutdown));
@@ -254,7 +294,10 @@ impl Ingest {
                 recovered = true;
                 break;
             }
-            let can_take = !draining && held.is_none() && in_flight.len() < BATCHES_IN_FLIGHT;
+            let can_take = !draining
+                && held.is_none()
+                && stashed.is_none()
+                && in_flight.len() < BATCHES_IN_FLIGHT;
             tokio::select! {
                 biased;
                 // Stop taking deliveries; the batches in hand are finished and acked.
@@ -282,14 +325,25 @@ impl Ingest {
                         None => return Err(AmqpError::Broker(lapin::ErrorKind::InvalidChannelState(
                             lapin::ChannelState::Closed, "consumer cancelled by the broker").into())),
                     };
+                    if decode::is_prefix_delete(&first.properties) {
+                        held = Some((vec![first], Named::barrier()));
+                        continue;
+                    }
                     let mut batch = vec![first];
                     while batch.len() < batch_max {
                         match consumer.next().now_or_never() {
-                            Some(Some(delivery)) => batch.push(delivery?),
+                            Some(Some(delivery)) => {
+                                let delivery = delivery?;
+                                if decode::is_prefix_delete(&delivery.properties) {
+                                    stashed = Some(delivery);
+                                    break;
+                                }
+                                batch.push(delivery);
+                            }
                             _ => break,
                         }
                     }
-                    let jobs = batch.iter().filter_map(job_key).collect();
+                    let jobs = Named::jobs(batch.iter().filter_map(job_key).collect());
                     held = Some((batch, jobs));
                 }
                 // Careful, and nothing came with nothing in hand: the queue is empty.
@@ -323,6 +377,19 @@ impl Ingest {
         epoch: &Epoch,
         shutdown: &CancellationToken,
     ) -> Option<AppliedBatch> {
+        if let [delivery] = batch.as_slice() {
+            if decode::is_prefix_delete(&delivery.properties) {
+                let prefix = self
+                    .apply_prefix(channel, delivery, epoch, shutdown)
+                    .await?;
+                return Some(AppliedBatch {
+                    batch,
+                    commands: Vec::new(),
+                    results: Vec::new(),
+                    prefix: Some(prefix),
+                });
+            }
+        }
         let rules = Rules {
             limits: self.store.limits(),
             min_interval_ms: self.config.limits.min_interval_ms,
@@ -369,7 +436,54 @@ impl Ingest {
             batch,
             commands,
             results,
+            prefix: None,
         })
+    }
+
+    /// Applies a `delete-prefix` alone (every batch before it is acked, none after it
+    /// started), fenced like puts and deletes. `None` as for [`Ingest::apply_batch`].
+    async fn apply_prefix(
+        &self,
+        channel: &Channel,
+        delivery: &Delivery,
+        epoch: &Epoch,
+        shutdown: &CancellationToken,
+    ) -> Option<Result<u64, Invalid>> {
+        let (topic, prefix) = match decode::decode_prefix_delete(delivery) {
+            Ok(command) => command,
+            Err(invalid) => return Some(Err(invalid)),
+        };
+        let fenced = self.config.amqp.single_active_consumer;
+        let outcome = self
+            .until_done(shutdown, channel, || async {
+                let used = if fenced {
+                    Some(epoch.get(&self.store).await?)
+                } else {
+                    None
+                };
+                match self.store.delete_prefix(&topic, &prefix, used).await {
+                    Ok(n) => Ok(Ok(n)),
+                    Err(StoreError::Rejected(rejection)) => Ok(Err(rejection)),
+                    Err(err) => {
+                        if let Some(used) = used {
+                            epoch.expire(used).await;
+                        }
+                        Err(err)
+                    }
+                }
+            })
+            .await?;
+        match outcome {
+            Ok(n) => {
+                tracing::info!(%topic, id_prefix = %prefix, deleted = n, "jobs cancelled by id prefix");
+                Some(Ok(n))
+            }
+            Err(rejection) if rejection.code == RejectCode::Fenced => {
+                tracing::warn!(reason = %rejection, "this ingest session was superseded; reconnecting");
+                None
+            }
+            Err(rejection) => Some(Err(Invalid(rejection.to_string()))),
+        }
     }
 
     /// Reports an applied batch (metrics, feed, replies) and sets its invalid commands
@@ -383,21 +497,30 @@ impl Ingest {
             batch,
             commands,
             mut results,
+            prefix,
         } = applied;
         results.reverse();
+        let outcomes: Vec<Outcome> = match prefix {
+            // A delete-prefix batch holds that one delivery.
+            Some(Ok(deleted)) => vec![Outcome::PrefixDeleted(deleted)],
+            Some(Err(invalid)) => vec![Outcome::Invalid(invalid.0)],
+            None => commands
+                .into_iter()
+                .map(|command| match command {
+                    Err(invalid) => Outcome::Invalid(invalid.0),
+                    Ok(command) => match results.pop() {
+                        Some(Ok(done)) => {
+                            self.after_applied(&command.op, done);
+                            Outcome::Applied(done)
+                        }
+                        Some(Err(rejection)) => Outcome::Invalid(rejection.to_string()),
+                        None => Outcome::Invalid("internal: no result for this command".into()),
+                    },
+                })
+                .collect(),
+        };
         let mut set_aside: Vec<PublisherConfirm> = Vec::new();
-        for (delivery, command) in batch.iter().zip(commands) {
-            let outcome = match command {
-                Err(invalid) => Outcome::Invalid(invalid.0),
-                Ok(command) => match results.pop() {
-                    Some(Ok(done)) => {
-                        self.after_applied(&command.op, done);
-                        Outcome::Applied(done)
-                    }
-                    Some(Err(rejection)) => Outcome::Invalid(rejection.to_string()),
-                    None => Outcome::Invalid("internal: no result for this command".into()),
-                },
-            };
+        for (delivery, outcome) in batch.iter().zip(outcomes) {
             self.record(delivery, &outcome);
             self.reply(side, delivery, &outcome).await;
             if let Outcome::Invalid(reason) = &outcome {
@@ -615,6 +738,7 @@ impl Ingest {
         match outcome {
             Outcome::Applied(Applied::Put(put)) => body["due_at"] = json!(put.due_at),
             Outcome::Invalid(reason) => body["error"] = json!(reason),
+            Outcome::PrefixDeleted(n) => body["deleted"] = json!(n),
             Outcome::Applied(Applied::Delete { .. }) => {}
         }
         let mut props = BasicProperties::default().with_content_type("application/json".into());
@@ -678,6 +802,8 @@ fn outcome_name(outcome: &Outcome) -> &'static str {
         Outcome::Applied(Applied::Put(put)) => put.status.as_str(),
         Outcome::Applied(Applied::Delete { removed: true }) => "deleted",
         Outcome::Applied(Applied::Delete { removed: false }) => "not_found",
+        Outcome::PrefixDeleted(0) => "not_found",
+        Outcome::PrefixDeleted(_) => "deleted",
         Outcome::Invalid(_) => "invalid",
     }
 }

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use super::call::Call;
 use super::durable::{judge, Replication};
 use super::error::Rejection;
-use super::exec::Call;
 use super::reply::{optional_time, Reader};
 use super::scripts::Scripts;
 use super::types::{

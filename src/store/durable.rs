@@ -25,20 +25,10 @@
 //!   for the HTTP API, so dispatch never queues behind a `WAIT`).
 //! - Without durability (`wait_replicas = 0`) neither `WAIT` nor `CLIENT INFO` is sent.
 
-use std::time::Duration;
-
+use super::call::{Ack, Call, Durability, Route};
 use super::error::Rejection;
-use super::exec::{Ack, Call, Route};
 use super::types::{Applied, Command};
 use super::{Store, StoreError};
-
-/// How many replicas must confirm a write before it counts, and how long one `WAIT`
-/// may block for them (`redis.wait_replicas`, `redis.wait_timeout_ms`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Durability {
-    pub replicas: u32,
-    pub timeout: Duration,
-}
 
 /// What the replicas confirmed of a batch's writes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,60 +24,13 @@ use std::sync::Arc;
 
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Value};
 
+use super::call::{Ack, Call, Durability, Route};
 use super::conn::{cluster_seeds, Conn};
-use super::durable::Durability;
 use super::error::{is_noscript, StoreError};
 use super::health::RedisHealth;
 use super::link::Link;
 use super::scripts::Scripts;
 use super::ConnectOptions;
-use crate::job::Topic;
-
-/// One command of a batch, with where it must go.
-pub(crate) struct Call {
-    route: Route,
-    cmd: Cmd,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(super) enum Route {
-    /// Keys under one topic's hash tag.
-    Topic(Topic),
-    /// Keys outside any topic (the topic set), or no key at all.
-    Global,
-}
-
-impl Call {
-    pub(crate) fn on_topic(topic: &Topic, cmd: Cmd) -> Self {
-        Self {
-            route: Route::Topic(topic.clone()),
-            cmd,
-        }
-    }
-
-    pub(crate) fn global(cmd: Cmd) -> Self {
-        Self {
-            route: Route::Global,
-            cmd,
-        }
-    }
-
-    pub(crate) fn cmd_mut(&mut self) -> &mut Cmd {
-        &mut self.cmd
-    }
-}
-
-/// What the `CLIENT INFO` + `WAIT` at the end of one pipeline of a waiting batch said.
-#[derive(Debug, Clone)]
-pub(super) struct Ack {
-    /// The pipeline's route on a cluster; `None` on a standalone Redis, where one
-    /// connection carries the whole batch.
-    pub(super) route: Option<Route>,
-    /// Which connection carried the pipeline (`CLIENT INFO`'s `id`, `addr`, `laddr`).
-    pub(super) connection: String,
-    /// Replicas that confirmed every write made on that connection so far.
-    pub(super) replicas: u32,
-}
 
 /// Replies in the caller's order, and the acks of a waiting batch (none otherwise).
 type Sent = (Vec<RedisResult<Value>>, Vec<Ack>);

@@ -1,4 +1,4 @@
-//! The scheduler features of issue 10 over the Lua scripts: recurring series (a schedule
+//! The scheduler features over the Lua scripts: recurring series (a schedule
 //! spec on the job, release to the next occurrence: `api.rs`), pause and resume, failing
 //! and parked jobs with redrive, and the outcome history. Contract: `lua/README.md`;
 //! request and reply types in `types.rs`.

@@ -22,8 +22,10 @@
 //! method in `api.rs` (request and reply types in `types.rs`).
 
 mod api;
+mod call;
 mod check;
 mod conn;
+mod delete_prefix;
 mod durable;
 mod error;
 mod exec;
@@ -43,9 +45,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use call::Durability;
 pub use check::{CheckReport, Problem, CHECK_STEP};
 pub use conn::cluster_seeds;
-pub use durable::{Durability, Replication, WriteMark};
+pub use delete_prefix::{PrefixStep, PREFIX_STEP};
+pub use durable::{Replication, WriteMark};
 pub use error::{RejectCode, Rejection, StoreError};
 use exec::Executor;
 pub use health::{
@@ -98,7 +102,7 @@ impl std::fmt::Debug for Store {
     // The executor holds live connections; what identifies a store is where and what.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
-            .field("url", &crate::config::redact_url(&self.options.url))
+            .field("url", &crate::urls::redact_url(&self.options.url))
             .field("keys", &self.keys)
             .field("limits", &self.limits)
             .field("history_max", &self.history_max)

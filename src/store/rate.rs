@@ -3,7 +3,7 @@
 
 use redis::Value;
 
-use super::exec::Call;
+use super::call::Call;
 use super::reply::{optional_time, Reader};
 use super::scripts::Scripts;
 use super::types::{RateSource, RateState};

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::exec::Call;
+use super::call::Call;
 use super::{Store, StoreError};
 use crate::job::Topic;
 

@@ -5,9 +5,9 @@
 //! below, and write its typed method in `api.rs` with [`Scripts::call`]. Loading,
 //! `NOSCRIPT` recovery and cluster routing come with it (`exec.rs`).
 
-use redis::{Script, ToRedisArgs};
+use redis::Script;
 
-use super::exec::Call;
+use super::call::Call;
 use super::keys::KeySpace;
 use crate::job::Topic;
 
@@ -51,6 +51,7 @@ scripts!(
     history,
     due_histogram,
     rate_limit,
+    delete_prefix,
 );
 
 impl Scripts {
@@ -77,13 +78,5 @@ impl Scripts {
                 Call::global(cmd)
             })
             .collect()
-    }
-}
-
-impl Call {
-    /// Appends one script argument (`ARGV` in order).
-    pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
-        self.cmd_mut().arg(arg);
-        self
     }
 }

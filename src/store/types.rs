@@ -215,7 +215,7 @@ pub struct Lease {
 }
 
 // ---------------------------------------------------------------- scheduler features
-// Recurring series, pause, failing and parked jobs, history (issue 10; `lua/README.md`).
+// Recurring series, pause, failing and parked jobs, history (`lua/README.md`).
 
 /// Default cap of each topic's history (`history.max_per_topic`).
 pub const DEFAULT_HISTORY_MAX: u32 = 1000;

@@ -1,4 +1,4 @@
-//! Scenario 7 (catch-up after an outage, issue 11): N jobs all due at once, and a topic
+//! Scenario 7 (catch-up after an outage): N jobs all due at once, and a topic
 //! that must stay on time while they drain (fairness).
 //!
 //! While no bridge runs, the bench loads N jobs due now into one or several backlog
@@ -50,7 +50,7 @@ pub struct Params {
 const ON_TIME_RATE: u64 = 150;
 const ON_TIME_MAX_DELAY_MS: u64 = 2_000;
 const ON_TIME_TOPIC: &str = "ontime";
-/// The on-time topic's target while the backlog drains (issue 11).
+/// The on-time topic's target while the backlog drains.
 const ON_TIME_TARGET_P99_MS: f64 = 100.0;
 /// Messages per run of the ceiling publisher: enough for a steady rate.
 const CEILING_MESSAGES: u64 = 200_000;

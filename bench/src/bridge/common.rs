@@ -190,7 +190,7 @@ pub async fn amqp(url: &str) -> Result<Connection> {
         .with_context(|| {
             format!(
                 "connect to RabbitMQ at {} (bash scripts/services.sh starts it)",
-                redisched::config::redact_url(url)
+                redisched::urls::redact_url(url)
             )
         })
 }
@@ -844,7 +844,7 @@ pub fn topic(name: &str) -> Result<Topic> {
     Topic::new(name).context("topic")
 }
 
-/// Which outcome-history settings a scenario measures (issue 10): the default cap
+/// Which outcome-history settings a scenario measures: the default cap
 /// (`history.max_per_topic` = 1000), none (0), or both alternating in one run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum HistoryChoice {

@@ -33,7 +33,7 @@ pub struct Params {
     pub window: usize,
     /// Bridge processes sharing the work (several bridges scale out dispatch).
     pub bridges: usize,
-    /// Which `history.max_per_topic` settings to measure (issue 10).
+    /// Which `history.max_per_topic` settings to measure.
     pub history: HistoryChoice,
     /// Bridge passes per history side.
     pub runs: usize,

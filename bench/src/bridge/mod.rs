@@ -1,4 +1,4 @@
-//! The bridge scenarios of `redisched-bench` (issues 5 and 11): dispatch, ingest,
+//! The bridge scenarios of `redisched-bench`: dispatch, ingest,
 //! precision, cancel, catch-up, the bridge's RSS, the BullMQ peer, and `all`, which also
 //! runs `store` and writes one table, one JSON file and one SVG chart.
 //!
@@ -108,7 +108,7 @@ pub struct RunArgs {
     /// Bridge processes dispatching together (dispatch); CPU and RSS are the first's.
     #[arg(long, default_value_t = 1)]
     pub bridges: usize,
-    /// Outcome history of the dispatching bridge (issue 10, `history.max_per_topic`):
+    /// Outcome history of the dispatching bridge (`history.max_per_topic`):
     /// `both` alternates the default cap (1000) and 0 in one run, `--runs` rounds.
     #[arg(long, value_enum, default_value_t = common::HistoryChoice::Both)]
     pub history: common::HistoryChoice,

@@ -162,7 +162,7 @@ async fn measure(
             floor.one_hop.stats.p99_ms,
             floor.one_hop.stats.max_ms
         );
-        // Issue 11's targets, on the producer's clock.
+        // The targets, on the producer's clock.
         let target = match rate {
             r if r <= 1000 => Some(10.0),
             r if r <= 5000 => Some(50.0),
@@ -197,7 +197,7 @@ async fn measure(
         "commands_queue": if config.amqp.quorum_queues { "quorum, single active consumer" } else { "classic, single active consumer" },
         "figures": {
             "lateness_ms": "arrival - x-redisched-due-at (the due time the bridge computed when it applied the command)",
-            "lateness_producer_clock_ms": "arrival - (producer's publish instant + x-delay): what users feel; issue 11's targets apply to it",
+            "lateness_producer_clock_ms": "arrival - (producer's publish instant + x-delay): what users feel; the targets apply to it",
             "apply_shift_ms": "x-redisched-due-at - (publish instant + x-delay): how far applying the command moved the due time ('early' counts negative shifts, from the store's ms resolution)",
             "floor_two_hop_lateness_ms": "same schedule, no Redis: publish -> relay queue (commands queue's arguments) -> relay holds until publish instant + delay -> publish (confirmed, persistent, mandatory, bridge's window) -> same consumer; vs the producer's clock",
             "floor_lateness_ms": "the second hop of that pass alone: relay timer -> publish -> consume, vs the relay's target time (ms); the one-hop floor",

@@ -133,7 +133,7 @@ pub fn print_table(r: &Value) {
                 num(&st["ceilings"]["zadd_hset_script_per_s"])
             ),
             figure(&st["ratios"]["put_vs_zadd_hset"], |x| format!("{x:.2}")),
-            ">= 0.6 (issue 11)".into(),
+            ">= 0.6 (goal)".into(),
         ]);
         rows.push([
             "store: reserve+release, batches of 1000 (jobs/s)".into(),
@@ -233,7 +233,7 @@ pub fn print_table(r: &Value) {
                     spread_text(&h["ratio_on_off"]["jobs_per_s_after_first_delivery"], 3)
                 ),
                 "-".into(),
-                ">= 0.90 (issue 10)".into(),
+                ">= 0.90 (goal)".into(),
             ]);
         }
     }
@@ -253,7 +253,7 @@ pub fn print_table(r: &Value) {
                 pct(&i["ratio"]),
                 pct(&i["ratio_to_multiple_ack"])
             ),
-            ">= 80% of multiple-ack (issue 11)".into(),
+            ">= 80% of multiple-ack (goal)".into(),
         ]);
     }
     for rate in r["precision"]["rates"].as_array().into_iter().flatten() {

@@ -1,4 +1,4 @@
---[[ redisched-bench layout prototype (issue 11), NOT the product: put a one-shot job.
+--[[ redisched-bench layout prototype, NOT the product: put a one-shot job.
 Only what decides the layout's cost is here (no argument checks, no head check, no
 history); today's layout and the bucketed one run this same script.
 

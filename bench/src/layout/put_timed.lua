@@ -1,4 +1,4 @@
---[[ redisched-bench layout prototype (issue 11), NOT the product: put a one-shot job,
+--[[ redisched-bench layout prototype, NOT the product: put a one-shot job,
 records in bucket hashes (as put.lua with buckets > 0) and the schedule in time slots.
 
 The schedule: job ids sit in small ZSETs, one per time slot of `width` ms

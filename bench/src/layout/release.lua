@@ -1,4 +1,4 @@
---[[ redisched-bench layout prototype (issue 11), NOT the product: release delivered jobs.
+--[[ redisched-bench layout prototype, NOT the product: release delivered jobs.
 The calls of lua/release.lua for one-shot jobs (per job: HGET, ZSCORE, ZREM, HDEL)
 without its checks, series and history.
 

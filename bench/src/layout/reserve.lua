@@ -1,4 +1,4 @@
---[[ redisched-bench layout prototype (issue 11), NOT the product: reserve due jobs.
+--[[ redisched-bench layout prototype, NOT the product: reserve due jobs.
 The calls of lua/reserve.lua (ZRANGEBYSCORE, ZREM, INCRBY, one HGET per job, the new
 records written back, ZADD to reserved) without its checks, pause and parking; the
 records go back with one HSET per hash (today: one; bucketed: one per bucket touched).

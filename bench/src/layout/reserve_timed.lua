@@ -1,4 +1,4 @@
---[[ redisched-bench layout prototype (issue 11), NOT the product: reserve due jobs from
+--[[ redisched-bench layout prototype, NOT the product: reserve due jobs from
 the time-slot schedule of put_timed.lua, records as reserve.lua with buckets > 0.
 
 KEYS: as put_timed.lua (1 slot index, 2 reserved, 3 bucket hashes' name, 4 seq).

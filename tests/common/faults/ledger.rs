@@ -256,8 +256,15 @@ pub struct Collector {
 
 impl Collector {
     pub async fn start(url: &str, config: &Config) -> Self {
+        Self::start_bound(url, config, &["#"]).await
+    }
+
+    /// As [`Collector::start`], bound to the ready exchange with `bindings` only
+    /// (routing-key patterns), so jobs of other topics are unroutable.
+    pub async fn start_bound(url: &str, config: &Config, bindings: &[&str]) -> Self {
         let queue = format!("{}.collector", config.redis.prefix);
-        Self::start_on(url, config, queue, true).await
+        let bindings = bindings.iter().map(|b| b.to_string()).collect();
+        Self::start_on(url, config, queue, bindings).await
     }
 
     /// Collects the bridge's `reply_to` answers from the durable queue
@@ -265,7 +272,7 @@ impl Collector {
     /// outlives the collector's connections and a broker restart.
     pub async fn start_replies(url: &str, config: &Config) -> Self {
         let queue = Self::replies_queue(config);
-        Self::start_on(url, config, queue, false).await
+        Self::start_on(url, config, queue, Vec::new()).await
     }
 
     /// The queue name to put in a command's `reply_to` for [`Collector::start_replies`].
@@ -273,7 +280,12 @@ impl Collector {
         format!("{}.replies", config.redis.prefix)
     }
 
-    async fn start_on(url: &str, config: &Config, queue: String, bind_ready: bool) -> Self {
+    /// The durable queue it consumes.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    async fn start_on(url: &str, config: &Config, queue: String, bindings: Vec<String>) -> Self {
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let stop = CancellationToken::new();
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<()>();
@@ -281,7 +293,7 @@ impl Collector {
             url.to_string(),
             config.clone(),
             queue.clone(),
-            bind_ready,
+            bindings,
             seen.clone(),
             stop.clone(),
             ready_tx,
@@ -373,7 +385,7 @@ async fn collect(
     url: String,
     config: Config,
     queue: String,
-    bind_ready: bool,
+    bindings: Vec<String>,
     seen: Arc<Mutex<Vec<Seen>>>,
     stop: CancellationToken,
     ready: tokio::sync::oneshot::Sender<()>,
@@ -391,12 +403,12 @@ async fn collect(
             channel
                 .queue_declare(queue.as_str().into(), durable, FieldTable::default())
                 .await?;
-            if bind_ready {
+            for binding in &bindings {
                 channel
                     .queue_bind(
                         queue.as_str().into(),
                         config.amqp.ready_exchange.as_str().into(),
-                        "#".into(),
+                        binding.as_str().into(),
                         QueueBindOptions::default(),
                         FieldTable::default(),
                     )

@@ -1,0 +1,254 @@
+--[[ redisched delete_prefix: cancel every job of a topic whose id starts with a prefix,
+a bounded step at a time.
+
+KEYS: the full list of 8 (see put.lua): 1 scheduled, 2 reserved, 3 jobs, 4 seq,
+  5 damaged, 6 paused, 7 history LIST, 8 failing; optionally 9 fence (see put.lua).
+ARGV:
+  1 prefix       1..256 bytes; ids starting with it are deleted (compared as bytes, so
+                 glob characters in it are plain characters)
+  2 cursor       '0' to start, else the cursor the previous step answered
+  3 count        optional, 1..10000 (default 500): hash entries examined by this step
+                 (HSCAN COUNT), which bounds its work whatever the topic's size; at
+                 most 100 jobs are removed per step (see the reply's cursor)
+  4 history_max  optional: cap of the topic's history list, default 1000, 0 = none;
+                 each removal is logged as 'deleted' with detail 'prefix <prefix>'
+  5 epoch        optional (9 keys): the writer's ingest epoch (see put.lua)
+Reply: { cursor, deleted, done } — the cursor to pass to the next step, how many jobs
+  this step removed, and 1 when the walk is complete (else 0). A step that reached the
+  100-removal cap answers the cursor it was given (done 0), so the next step looks at
+  the same entries again (the removed ones are gone): every step either removes a job
+  or moves the cursor on.
+Errors: INVALID_ARGUMENT (keys, prefix, cursor, count, history_max, epoch), FENCED
+(see put.lua: nothing removed), WRONGTYPE (from Redis).
+Invariant: each removed id is in none of the keys afterwards (as delete.lua). A walk of
+steps from cursor '0' until done removes every matching job that existed for the whole walk (HSCAN's
+guarantee); a job put with a matching id during the walk may or may not be removed.
+No per-job index: finding the ids costs a scan of the topic's jobs hash, not memory.
+]]
+local scheduled, reserved, jobs = KEYS[1], KEYS[2], KEYS[3]
+local prefix, cursor = ARGV[1], ARGV[2]
+-- >>> shared: copied verbatim from lua/shared.lua by lua/sync-shared.sh (a test checks it) >>>
+-- Helpers every script carries, so that each file stays one self-contained EVAL script
+-- (see "Redis Functions or EVALSHA" in lua/README.md). Unused ones cost a closure
+-- each per call (about 20 ns).
+
+-- Parked jobs wait in `scheduled` at this score: above any due time a script accepts
+-- (16 digits at most), so "due up to now" never reaches them.
+local PARKED = 1e17
+local PARKED_S = '100000000000000000'
+local DEFAULT_HISTORY_MAX = 1000
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- The Redis server's clock in epoch ms: the one clock every due time refers to.
+-- (Arithmetic converts TIME's decimal strings, cheaper than tonumber and math.floor.)
+local function now_ms()
+  local t = redis.call('TIME')
+  local us = t[2] + 0
+  return t[1] * 1000 + (us - us % 1000) / 1000
+end
+
+-- An integer argument of at most 16 characters (optionally negative), else nil.
+local function int_arg(value)
+  if type(value) == 'string' and #value <= 16 and string.find(value, '^%-?%d+$') then
+    return tonumber(value)
+  end
+end
+
+-- The full key list (lua/README.md, "Key schema"): 1 scheduled, 2 reserved, 3 jobs,
+-- 4 seq, 5 damaged, 6 paused, 7 history, 8 failing, and for put and delete (`fenced`)
+-- optionally 9 fence. Version-1 callers pass the first four (check.lua: five) and get
+-- the version-1 behaviour. Returns true for the full list, false for the short one,
+-- else nil and the error reply to return.
+local function full_keys(name, short, fenced)
+  if #KEYS == 8 or (fenced and #KEYS == 9) then
+    return true
+  end
+  if short and #KEYS == short then
+    return false
+  end
+  return nil, redis.error_reply('INVALID_ARGUMENT ' .. name .. ' takes ' ..
+    (short and (short .. ' or ') or '') .. '8' .. (fenced and ' or 9' or '') .. ' keys, got ' .. #KEYS)
+end
+
+-- Ingest fencing (put and delete; lua/README.md, "Fencing"): a write that carries an
+-- ingest epoch older than the topic's fence (KEYS[9]) comes from a superseded bridge
+-- session, e.g. a request that waited in the network while its commands were
+-- redelivered to another bridge, and must not land after the commands that followed
+-- it. Returns nil (admitted; a newer epoch raises the fence) or the error reply. No
+-- fence key or an empty epoch: unfenced (other clients, the HTTP API).
+local function fence_refusal(epoch)
+  if #KEYS < 9 or epoch == nil or epoch == '' then
+    return nil
+  end
+  local e = int_arg(epoch)
+  if not e or e < 1 then
+    return redis.error_reply('INVALID_ARGUMENT epoch must be a positive integer, got ' .. tostring(epoch))
+  end
+  local fence = tonumber(redis.call('GET', KEYS[9]) or '0')
+  if e < fence then
+    return redis.error_reply('FENCED ingest epoch ' .. epoch .. ' is older than this topic\'s fence ' ..
+      fmt(fence) .. ': a newer bridge session has written here since')
+  end
+  if e > fence then
+    redis.call('SET', KEYS[9], epoch)
+  end
+  return nil
+end
+
+-- A job record of format 1 or 2 as a table, or nil if it is missing or unreadable:
+--   1|<due_at>|<attempts>|<token>|<meta length>|<meta><body>
+--   2|<due_at>|<attempts>|<token>|<failures>|<error_at>|<spec length>|<error length>|<meta length>|<spec><error><meta><body>
+-- The payload is not copied out (bodies may be large): `rec` and `pos` locate
+-- <meta><body>, `mlen` is the meta length; `token` stays a string.
+local function parse(rec)
+  if not rec then
+    return nil
+  end
+  local j = {}
+  local pos
+  if string.byte(rec, 1) == 49 then -- '1'
+    local due, attempts, mlen
+    due, attempts, j.token, mlen, pos = string.match(rec, '^1|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    if not pos then
+      return nil
+    end
+    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
+    j.failures, j.error_at, j.spec, j.err = 0, 0, '', ''
+  else
+    local due, attempts, failures, error_at, slen, elen, mlen
+    due, attempts, j.token, failures, error_at, slen, elen, mlen, pos =
+      string.match(rec, '^2|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    if not pos then
+      return nil
+    end
+    slen, elen = tonumber(slen), tonumber(elen)
+    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
+    j.failures, j.error_at = tonumber(failures), tonumber(error_at)
+    j.spec = string.sub(rec, pos, pos + slen - 1)
+    j.err = string.sub(rec, pos + slen, pos + slen + elen - 1)
+    pos = pos + slen + elen
+  end
+  if pos + j.mlen - 1 > #rec then
+    return nil
+  end
+  j.rec, j.pos = rec, pos
+  return j
+end
+
+local function meta_of(j)
+  return string.sub(j.rec, j.pos, j.pos + j.mlen - 1)
+end
+
+local function body_of(j)
+  return string.sub(j.rec, j.pos + j.mlen)
+end
+
+-- <meta><body>: a new job's, or the stored one.
+local function tail_of(j)
+  return j.tail or string.sub(j.rec, j.pos)
+end
+
+-- The record of `j`: format 1 unless the job has a schedule spec or a failure on record,
+-- so a one-shot job keeps exactly the bytes it had before format 2 existed.
+local function encode(j)
+  if j.spec == '' and j.failures == 0 and j.err == '' then
+    return '1|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.mlen) .. '|' .. tail_of(j)
+  end
+  return '2|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.failures) .. '|' ..
+    fmt(j.error_at) .. '|' .. #j.spec .. '|' .. #j.err .. '|' .. fmt(j.mlen) .. '|' .. j.spec .. j.err .. tail_of(j)
+end
+
+-- The record of a job just put (attempts, token and failures 0, no error): what `encode`
+-- gives for it, built without a table because every put runs it. `due_s` is fmt(due).
+local function new_record(due_s, spec, meta, body)
+  if spec == '' then
+    return '1|' .. due_s .. '|0|0|' .. #meta .. '|' .. meta .. body
+  end
+  return '2|' .. due_s .. '|0|0|0|0|' .. #spec .. '|0|' .. #meta .. '|' .. spec .. meta .. body
+end
+
+-- `history_max` argument: absent or '' means the default; else an integer 0..10^6.
+-- Returns nil and the error reply to return when it is neither.
+local function history_max_arg(value)
+  if value == nil or value == '' then
+    return DEFAULT_HISTORY_MAX
+  end
+  local n = int_arg(value)
+  if not n or n < 0 or n > 1000000 then
+    return nil, redis.error_reply('INVALID_ARGUMENT history_max must be an integer 0..1000000, got ' .. value)
+  end
+  return n
+end
+
+-- One history entry: '<at>|<outcome>|<attempts>|<due_at>|<id length>|<id><detail>'.
+local function history_entry(at, outcome, attempts, due, id, detail)
+  return fmt(at) .. '|' .. outcome .. '|' .. fmt(attempts) .. '|' .. fmt(due) .. '|' .. #id .. '|' .. id .. (detail or '')
+end
+
+-- Appends entries (oldest first) to the topic's capped history list, newest at the head.
+local function history_push(key, max, entries)
+  if key and max > 0 and #entries > 0 then
+    redis.call('LPUSH', key, unpack(entries))
+    redis.call('LTRIM', key, 0, max - 1)
+  end
+end
+-- <<< shared <<<
+local full, bad_keys = full_keys('delete_prefix', nil, true)
+if bad_keys then
+  return bad_keys
+end
+if not prefix or #prefix == 0 or #prefix > 256 then
+  return redis.error_reply('INVALID_ARGUMENT prefix must be 1..256 bytes')
+end
+if not cursor or not string.find(cursor, '^%d+$') or #cursor > 20 then
+  return redis.error_reply('INVALID_ARGUMENT cursor must be a non-negative integer, got ' .. tostring(cursor))
+end
+local count = 500
+if ARGV[3] and ARGV[3] ~= '' then
+  count = int_arg(ARGV[3])
+  if not count or count < 1 or count > 10000 then
+    return redis.error_reply('INVALID_ARGUMENT count must be an integer 1..10000, got ' .. ARGV[3])
+  end
+end
+local history_max, bad_history = history_max_arg(ARGV[4])
+if bad_history then
+  return bad_history
+end
+local fenced = fence_refusal(ARGV[5])
+if fenced then
+  return fenced
+end
+
+-- MATCH with every glob character escaped: the prefix is matched literally.
+local pattern = string.gsub(prefix, '([%*%?%[%]\\])', '\\%1') .. '*'
+local step = redis.call('HSCAN', jobs, cursor, 'MATCH', pattern, 'COUNT', count)
+local found = step[2]
+local MAX_REMOVALS = 100
+local now, entries, deleted = nil, {}, 0
+local detail = 'prefix ' .. prefix
+local next_cursor, done = step[1], step[1] == '0' and 1 or 0
+for i = 1, #found, 2 do
+  local id, rec = found[i], found[i + 1]
+  if deleted == MAX_REMOVALS then
+    -- Removal-bounded: the rest of this range is looked at again by the next step.
+    next_cursor, done = cursor, 0
+    break
+  end
+  -- MATCH is a glob; the byte comparison is the rule.
+  if string.sub(id, 1, #prefix) == prefix and redis.call('HDEL', jobs, id) == 1 then
+    redis.call('ZREM', scheduled, id)
+    redis.call('ZREM', reserved, id)
+    redis.call('ZREM', KEYS[8], id)
+    deleted = deleted + 1
+    if history_max > 0 then
+      local old = parse(rec) or { attempts = 0, due = 0 }
+      now = now or now_ms()
+      entries[#entries + 1] = history_entry(now, 'deleted', old.attempts, old.due, id, detail)
+    end
+  end
+end
+history_push(KEYS[7], history_max, entries)
+return { next_cursor, deleted, done }

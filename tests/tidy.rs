@@ -1,0 +1,574 @@
+//! The house rules of ARCHITECTURE.md, checked on the source text (as rust-analyzer's
+//! tidy tests do), so a change that breaks one fails `cargo test` instead of waiting for a
+//! reviewer: no import circle between files, stages that meet only in the store, Redis
+//! known only to the store, faces that never import each other, and no comment citing an
+//! issue number a reader cannot look up.
+//!
+//! Imports are read from `use` trees and from `crate::`/`super::` paths in code
+//! (comments stripped). A file imports a module when a path resolves into it; an edge
+//! between a module and its own parent or child is not counted (a parent declares and
+//! re-exports its children, children use the parent's items).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every file under `dir` whose name ends with one of `exts`, sorted.
+fn files(dir: &Path, exts: &[&str]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                if !path.ends_with("target") && !path.ends_with("node_modules") {
+                    stack.push(path);
+                }
+            } else if exts.iter().any(|ext| path.to_string_lossy().ends_with(ext)) {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// The module path of a file under `src/` (`src/store/api.rs` -> `store::api`).
+fn module_of(file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(repo().join("src")).expect("under src/");
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let last = parts.pop().unwrap_or_default();
+    let stem = last.trim_end_matches(".rs");
+    if !matches!(stem, "mod" | "lib" | "main") {
+        parts.push(stem.to_string());
+    }
+    parts
+}
+
+/// The source without comments (line, block and doc comments); string literals kept.
+fn strip_comments(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let bytes: Vec<char> = source.chars().collect();
+    let (mut i, mut in_string, mut depth) = (0, false, 0usize);
+    while i < bytes.len() {
+        let (c, next) = (bytes[i], bytes.get(i + 1).copied());
+        if depth > 0 {
+            if c == '*' && next == Some('/') {
+                depth -= 1;
+                i += 2;
+            } else if c == '/' && next == Some('*') {
+                depth += 1;
+                i += 2;
+            } else {
+                if c == '\n' {
+                    out.push('\n');
+                }
+                i += 1;
+            }
+            continue;
+        }
+        if in_string {
+            out.push(c);
+            if c == '\\' {
+                if let Some(n) = next {
+                    out.push(n);
+                }
+                i += 2;
+                continue;
+            }
+            in_string = c != '"';
+            i += 1;
+            continue;
+        }
+        match (c, next) {
+            ('/', Some('/')) => {
+                while i < bytes.len() && bytes[i] != '\n' {
+                    i += 1;
+                }
+            }
+            ('/', Some('*')) => {
+                depth = 1;
+                i += 2;
+            }
+            ('"', _) => {
+                // A char literal '"' is not a string.
+                let quoted_char = i > 0 && bytes[i - 1] == '\'' && next == Some('\'');
+                in_string = !quoted_char;
+                out.push(c);
+                i += 1;
+            }
+            _ => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The paths a `use` tree names (`a::{b, c::d}` -> `a::b`, `a::c::d`).
+fn expand_use_tree(tree: &str) -> Vec<String> {
+    let tree = tree.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut out = Vec::new();
+    expand_into("", &tree, &mut out);
+    out
+}
+
+fn expand_into(prefix: &str, tree: &str, out: &mut Vec<String>) {
+    let join = |rest: &str| {
+        if prefix.is_empty() {
+            rest.to_string()
+        } else if rest.is_empty() {
+            prefix.to_string()
+        } else {
+            format!("{prefix}::{rest}")
+        }
+    };
+    let tree = tree.trim();
+    match tree.find('{') {
+        None => {
+            // `path as alias`: the path is the first word.
+            let path = tree.split(' ').next().unwrap_or(tree);
+            if !path.is_empty() {
+                out.push(join(path.trim_end_matches("::")));
+            }
+        }
+        Some(open) => {
+            let head = tree[..open].trim().trim_end_matches("::");
+            let close = tree.rfind('}').filter(|&c| c > open).unwrap_or(tree.len());
+            let inner = &tree[open + 1..close];
+            let base = join(head);
+            let mut depth = 0;
+            let mut start = 0;
+            for (i, c) in inner.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        expand_into(&base, &inner[start..i], out);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            if start < inner.len() {
+                expand_into(&base, &inner[start..], out);
+            }
+        }
+    }
+}
+
+/// Every path a file names that starts in this crate: `use` trees and inline
+/// `crate::`/`super::`/`self::` paths (`redisched::` in the binary's `main.rs`).
+fn paths_in(code: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    let mut tree: Option<String> = None;
+    for line in code.lines() {
+        let line = line.trim();
+        if tree.is_none() {
+            let visibility = ["pub(crate) ", "pub(super) ", "pub "];
+            let bare = visibility
+                .iter()
+                .find_map(|v| line.strip_prefix(v))
+                .unwrap_or(line);
+            if let Some(rest) = bare.strip_prefix("use ") {
+                tree = Some(String::new());
+                tree.as_mut().map(|t| t.push_str(rest));
+            }
+        } else if let Some(t) = tree.as_mut() {
+            t.push(' ');
+            t.push_str(line);
+        }
+        if let Some(t) = tree.as_ref() {
+            if let Some(end) = t.find(';') {
+                paths.extend(expand_use_tree(&t[..end]));
+                tree = None;
+            }
+        }
+    }
+    let chars: Vec<char> = code.chars().collect();
+    let text: String = chars.iter().collect();
+    for root in ["crate::", "super::", "self::", "redisched::"] {
+        let mut from = 0;
+        while let Some(found) = text[from..].find(root) {
+            let start = from + found;
+            let boundary = start == 0
+                || !text[..start]
+                    .chars()
+                    .last()
+                    .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
+            let end = text[start..]
+                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                .map_or(text.len(), |e| start + e);
+            if boundary {
+                paths.push(text[start..end].trim_end_matches(':').to_string());
+            }
+            from = end.max(start + root.len());
+        }
+    }
+    paths
+}
+
+struct Source {
+    file: PathBuf,
+    module: Vec<String>,
+    code: String,
+}
+
+fn sources() -> Vec<Source> {
+    files(&repo().join("src"), &[".rs"])
+        .into_iter()
+        .map(|file| {
+            let text = std::fs::read_to_string(&file).expect("read source");
+            Source {
+                module: module_of(&file),
+                code: strip_comments(&text),
+                file,
+            }
+        })
+        .collect()
+}
+
+fn rel(file: &Path) -> String {
+    file.strip_prefix(repo())
+        .unwrap_or(file)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The module files (`store::api`, `store`, ...) a file's paths resolve into.
+fn imports(source: &Source, modules: &BTreeSet<Vec<String>>) -> BTreeSet<Vec<String>> {
+    let is_main = source.file.ends_with("src/main.rs");
+    let mut found = BTreeSet::new();
+    for path in paths_in(&source.code) {
+        let segments: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
+        let Some((&first, tail)) = segments.split_first() else {
+            continue;
+        };
+        let mut absolute: Vec<String> = match first {
+            "crate" => Vec::new(),
+            "redisched" if is_main => Vec::new(),
+            "self" => source.module.clone(),
+            "super" => {
+                let mut base = source.module.clone();
+                base.pop();
+                base
+            }
+            // `use child::Item` in the file that declares `mod child`.
+            child => {
+                let mut candidate = source.module.clone();
+                candidate.push(child.to_string());
+                if !modules.contains(&candidate) {
+                    continue;
+                }
+                source.module.clone()
+            }
+        };
+        let tail: &[&str] = if matches!(first, "crate" | "redisched" | "self" | "super") {
+            tail
+        } else {
+            &segments
+        };
+        let mut resolved = None;
+        for segment in tail {
+            if *segment == "super" {
+                absolute.pop();
+                continue;
+            }
+            absolute.push((*segment).to_string());
+            if modules.contains(&absolute) {
+                resolved = Some(absolute.clone());
+            } else {
+                break;
+            }
+        }
+        if let Some(module) = resolved {
+            if module != source.module {
+                found.insert(module);
+            }
+        }
+    }
+    found
+}
+
+fn related(a: &[String], b: &[String]) -> bool {
+    a.starts_with(b) || b.starts_with(a)
+}
+
+fn show(module: &[String]) -> String {
+    if module.is_empty() {
+        "crate".into()
+    } else {
+        module.join("::")
+    }
+}
+
+/// Strongly connected components of more than one module (Tarjan).
+fn circles(graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<Vec<Vec<String>>> {
+    struct State<'a> {
+        graph: &'a BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        index: BTreeMap<&'a Vec<String>, usize>,
+        low: BTreeMap<&'a Vec<String>, usize>,
+        stack: Vec<&'a Vec<String>>,
+        on_stack: BTreeSet<&'a Vec<String>>,
+        found: Vec<Vec<Vec<String>>>,
+    }
+    fn visit<'a>(state: &mut State<'a>, node: &'a Vec<String>) {
+        let n = state.index.len();
+        state.index.insert(node, n);
+        state.low.insert(node, n);
+        state.stack.push(node);
+        state.on_stack.insert(node);
+        if let Some(targets) = state.graph.get(node) {
+            for target in targets {
+                let Some((target, _)) = state.graph.get_key_value(target) else {
+                    continue;
+                };
+                if !state.index.contains_key(target) {
+                    visit(state, target);
+                    let low = state.low[target].min(state.low[node]);
+                    state.low.insert(node, low);
+                } else if state.on_stack.contains(target) {
+                    let low = state.index[target].min(state.low[node]);
+                    state.low.insert(node, low);
+                }
+            }
+        }
+        if state.low[node] == state.index[node] {
+            let mut component = Vec::new();
+            while let Some(top) = state.stack.pop() {
+                state.on_stack.remove(top);
+                component.push(top.clone());
+                if top == node {
+                    break;
+                }
+            }
+            if component.len() > 1 {
+                component.sort();
+                state.found.push(component);
+            }
+        }
+    }
+    let mut state = State {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        found: Vec::new(),
+    };
+    for node in graph.keys() {
+        if !state.index.contains_key(node) {
+            visit(&mut state, node);
+        }
+    }
+    state.found
+}
+
+fn import_graph(sources: &[Source]) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    let modules: BTreeSet<Vec<String>> = sources
+        .iter()
+        .filter(|s| !s.file.ends_with("src/main.rs"))
+        .map(|s| s.module.clone())
+        .collect();
+    sources
+        .iter()
+        .filter(|s| !s.file.ends_with("src/main.rs"))
+        .map(|s| {
+            let edges = imports(s, &modules)
+                .into_iter()
+                .filter(|m| !related(m, &s.module))
+                .collect();
+            (s.module.clone(), edges)
+        })
+        .collect()
+}
+
+#[test]
+fn no_import_circle_between_files() {
+    let graph = import_graph(&sources());
+    let found = circles(&graph);
+    let described: Vec<String> = found
+        .iter()
+        .map(|c| c.iter().map(|m| show(m)).collect::<Vec<_>>().join(" <-> "))
+        .collect();
+    assert!(
+        described.is_empty(),
+        "import circles (each list imports one another; cut the shared piece into a module of its own):\n  {}",
+        described.join("\n  ")
+    );
+}
+
+/// `(file, offending module)` for every file of `from` (a top-level module) importing
+/// one of `forbidden`.
+fn violations(sources: &[Source], from: &[&str], forbidden: &[&str]) -> Vec<String> {
+    let modules: BTreeSet<Vec<String>> = sources.iter().map(|s| s.module.clone()).collect();
+    let mut found = Vec::new();
+    for source in sources {
+        let Some(top) = source.module.first() else {
+            continue;
+        };
+        if !from.contains(&top.as_str()) {
+            continue;
+        }
+        for module in imports(source, &modules) {
+            if let Some(target) = module.first() {
+                if target != top && forbidden.contains(&target.as_str()) {
+                    found.push(format!("{} imports {}", rel(&source.file), show(&module)));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn stages_meet_only_in_the_store() {
+    let stages = ["ingest", "dispatch", "requeue"];
+    let found = violations(&sources(), &stages, &stages);
+    assert!(
+        found.is_empty(),
+        "a stage imports another (they meet only in the store: ARCHITECTURE.md, *Deliberately absent*):\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn the_faces_never_import_each_other() {
+    let sources = sources();
+    let mut found = violations(&sources, &["cli"], &["http"]);
+    found.extend(violations(&sources, &["http"], &["cli"]));
+    assert!(
+        found.is_empty(),
+        "the CLI and the HTTP API share view.rs, never each other:\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn only_the_store_names_a_redis_client() {
+    let mut found = Vec::new();
+    for source in sources() {
+        let in_store = source.module.first().is_some_and(|m| m == "store");
+        // ARCHITECTURE.md's one exception: tls.rs builds the TLS-configured client.
+        let tls = source.module == ["tls"];
+        if in_store || tls {
+            continue;
+        }
+        for path in paths_in(&source.code)
+            .into_iter()
+            .chain(redis_paths(&source.code))
+        {
+            if path == "redis" || path.starts_with("redis::") {
+                found.push(format!("{}: {path}", rel(&source.file)));
+            }
+        }
+    }
+    found.sort();
+    found.dedup();
+    assert!(
+        found.is_empty(),
+        "only src/store/ knows Redis clients, keys and scripts:\n  {}",
+        found.join("\n  ")
+    );
+}
+
+/// `redis::...` paths in code (the crate, not this crate's modules).
+fn redis_paths(code: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut from = 0;
+    while let Some(at) = code[from..].find("redis::") {
+        let start = from + at;
+        let boundary = !code[..start]
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
+        if boundary {
+            let end = code[start..]
+                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                .map_or(code.len(), |e| start + e);
+            found.push(code[start..end].to_string());
+        }
+        from = start + "redis::".len();
+    }
+    found
+}
+
+/// `issue 12`, `issues 6 and 7`, `issue #3`, `(#12)`: references into a tracker the reader
+/// of the code does not have. Other projects' issues (`BullMQ #301`) are fine.
+fn cites_an_issue(line: &str) -> bool {
+    let lower = line.to_lowercase();
+    let mut rest = lower.as_str();
+    while let Some(at) = rest.find("issue") {
+        let after = rest[at + 5..].trim_start_matches('s').trim_start();
+        let after = after.strip_prefix('#').unwrap_or(after);
+        if after.chars().next().is_some_and(|c| c.is_ascii_digit()) {
+            return true;
+        }
+        rest = &rest[at + 5..];
+    }
+    lower.contains("(#") && {
+        let after = &lower[lower.find("(#").unwrap_or(0) + 2..];
+        after.chars().next().is_some_and(|c| c.is_ascii_digit())
+    }
+}
+
+#[test]
+fn no_comment_cites_an_issue_number() {
+    let mut found = Vec::new();
+    for dir in ["src", "tests", "testkit", "bench", "lua", "scripts"] {
+        let exts = [".rs", ".lua", ".sh", ".mjs", ".html", ".toml"];
+        for file in files(&repo().join(dir), &exts) {
+            if file.ends_with("tests/tidy.rs") {
+                continue;
+            }
+            let Ok(text) = std::fs::read_to_string(&file) else {
+                continue;
+            };
+            for (n, line) in text.lines().enumerate() {
+                if cites_an_issue(line) {
+                    found.push(format!("{}:{}: {}", rel(&file), n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "{} lines cite issue numbers a reader cannot look up; say what the behaviour is instead:\n  {}",
+        found.len(),
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn the_checker_itself_sees_what_it_must() {
+    assert_eq!(
+        expand_use_tree("crate::{a::{b, c as d}, e}"),
+        ["crate::a::b", "crate::a::c", "crate::e"]
+    );
+    let code = strip_comments(
+        "use crate::x; // crate::y\nlet s = \"http://h\"; /* crate::z */ crate::w::V",
+    );
+    let paths = paths_in(&code);
+    assert!(paths.contains(&"crate::x".to_string()));
+    assert!(paths.contains(&"crate::w::V".to_string()));
+    assert!(!paths.iter().any(|p| p.contains('y') || p.contains('z')));
+    assert!(cites_an_issue("// fixed for issue 12"));
+    assert!(cites_an_issue("//! Faults (issue #6): the bridge"));
+    assert!(!cites_an_issue("// BullMQ #301 open since 2020"));
+    let mut graph = BTreeMap::new();
+    let m = |s: &str| vec![s.to_string()];
+    graph.insert(m("a"), BTreeSet::from([m("b")]));
+    graph.insert(m("b"), BTreeSet::from([m("a")]));
+    graph.insert(m("c"), BTreeSet::from([m("a")]));
+    assert_eq!(circles(&graph), vec![vec![m("a"), m("b")]]);
+}
