@@ -15,7 +15,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::amqp::{self, AmqpError};
 use crate::config::Config;
-use crate::dispatch::{Dispatcher, Plan, ServerClock};
+use crate::dispatch::{Dispatcher, Plan, ServerClock, WebhookSinks};
 use crate::feed::Feed;
 use crate::http::{self, AppState};
 use crate::ingest::Ingest;
@@ -32,12 +32,15 @@ pub enum AppError {
         #[source]
         source: std::io::Error,
     },
+    #[error("webhook targets: {0}")]
+    Targets(String),
 }
 
 /// Runs the bridge until `shutdown` is cancelled, then stops intake, drains in-flight
 /// confirms (bounded by `dispatch.shutdown_grace_ms`) and returns.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppError> {
     let config = Arc::new(config);
+    let webhooks = Arc::new(WebhookSinks::new(&config).map_err(AppError::Targets)?);
     let metrics = Arc::new(Metrics::new());
     let feed = Feed::new();
     let hints = Arc::new(DueHints::new());
@@ -120,6 +123,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         hints,
         clock: Arc::new(ServerClock::new()),
         warnings,
+        webhooks,
     };
     // Ingest and dispatch each get their own connection: a command the client library
     // cannot even parse (which drops the connection) must not interrupt deliveries,

@@ -269,6 +269,7 @@ impl CliError {
 pub fn config_key(err: &ConfigError) -> Option<String> {
     match err {
         ConfigError::Invalid { key, .. } => Some((*key).to_string()),
+        ConfigError::Target { key, .. } => Some(key.clone()),
         ConfigError::Load(err) => Some(err.path.join(".")).filter(|k| !k.is_empty()),
     }
 }

@@ -25,6 +25,8 @@ pub struct Config {
     pub history: HistoryConfig,
     pub http: HttpConfig,
     pub log: LogConfig,
+    /// Webhook targets (`[[targets]]`, file only: `src/targets.rs`).
+    pub targets: Vec<crate::targets::TargetConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -257,6 +259,9 @@ pub enum ConfigError {
     Load(#[from] Box<figment::Error>),
     #[error("config key `{key}`: {message}")]
     Invalid { key: &'static str, message: String },
+    /// A `[[targets]]` entry, keyed by index (`targets[1].url`).
+    #[error("config key `{key}`: {message}")]
+    Target { key: String, message: String },
 }
 
 fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
@@ -458,7 +463,13 @@ impl Config {
         }
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|e| invalid("log.level", e.to_string()))?;
-        self.validate_tls()
+        self.validate_tls()?;
+        crate::targets::validate(&self.targets, self.dispatch.ttr_ms).map_err(|e| {
+            ConfigError::Target {
+                key: e.key,
+                message: e.message,
+            }
+        })
     }
 
     /// `redis.wait_replicas` and `redis.wait_timeout_ms`.

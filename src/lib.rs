@@ -22,6 +22,8 @@ pub mod requeue;
 pub mod schedule;
 pub mod shutdown;
 pub mod store;
+pub mod targets;
 pub mod telemetry;
 pub mod tls;
 pub mod view;
+pub mod webhook;

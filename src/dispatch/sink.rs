@@ -1,0 +1,48 @@
+//! The dispatch sink seam. Dispatch plans, reserves and hands each reserved job to the
+//! sink its topic routes to; the sink delivers it and reports the outcome to
+//! [`super::settle::Settler`] (release after a broker ack without return / after a
+//! 2xx; hand back with backoff otherwise). Two sinks exist:
+//!
+//! - AMQP (`publish` in `mod.rs` + `confirm.rs`): the ready exchange, publisher
+//!   confirms, within the shared confirm window `dispatch.window`;
+//! - webhooks (`webhook_sink.rs`): `[[targets]]`, each with its own in-flight cap.
+//!
+//! A new sink: a route here, a module that takes `(Ticket, ReservedJob)` and reports
+//! to the `Settler`, and a branch in `Dispatcher::dispatch_loop` that reserves for its
+//! topics only as many jobs as it has room for.
+
+use super::settle::Ticket;
+use crate::job::Topic;
+use crate::schedule::Schedule;
+use crate::store::{Lease, ReservedJob};
+
+/// Where a topic's due jobs go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// The ready exchange (every topic no target matches).
+    Amqp,
+    /// The webhook target at this index of `[[targets]]`.
+    Webhook(usize),
+}
+
+/// The settle ticket of a reserved job. A series occurrence is delivered only if its
+/// next occurrence can be computed at release: a spec in another client's convention
+/// is `Err` (the job's failure), with its lease.
+pub(crate) fn ticket(topic: &Topic, job: &ReservedJob) -> Result<Ticket, (Lease, String)> {
+    let lease = Lease {
+        topic: topic.clone(),
+        id: job.id.clone(),
+        token: job.token,
+    };
+    let schedule = match job.spec.as_deref().map(Schedule::from_spec) {
+        None => None,
+        Some(Ok(schedule)) => Some(schedule),
+        Some(Err(err)) => return Err((lease, format!("unreadable schedule spec: {err}"))),
+    };
+    Ok(Ticket {
+        lease,
+        schedule,
+        due_at: job.due_at,
+        attempt: job.attempt,
+    })
+}
