@@ -166,7 +166,7 @@ impl Client {
             .body(body)
             .send()
             .await
-            .map_err(|e| transport_failure(name, url, &e))?;
+            .map_err(|e| transport_failure(name, self.target.timeout_ms, url, &e))?;
         let status = response.status();
         if status.is_success() {
             return Ok(Delivered {
@@ -245,12 +245,19 @@ fn status_code_class(status: u16) -> &'static str {
 }
 
 /// A request that got no answer, in the user's terms, naming the target.
-fn transport_failure(name: &str, url: &str, err: &reqwest::Error) -> Failure {
+fn transport_failure(name: &str, timeout_ms: u64, url: &str, err: &reqwest::Error) -> Failure {
     let chain = error_chain(err);
     let lower = chain.to_ascii_lowercase();
-    let (code, what) = if err.is_timeout() {
-        ("timeout", "timed out (timeout_ms)")
-    } else if lower.contains("certificate")
+    if err.is_timeout() {
+        return failure(
+            "timeout",
+            format!(
+                "request to {name} ({}) timed out after {timeout_ms} ms (timeout_ms)",
+                redact(url)
+            ),
+        );
+    }
+    let (code, what) = if lower.contains("certificate")
         || lower.contains("tls")
         || lower.contains("handshake")
         || lower.contains("unknownissuer")
