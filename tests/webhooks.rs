@@ -539,3 +539,106 @@ async fn signatures_verify_with_the_standard_webhooks_library_for_both_secrets_o
     bridge.stop().await;
     broker.cleanup().await;
 }
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_target_with_a_large_backlog_delays_neither_amqp_topics_nor_other_targets() {
+    use redisched::job::{Due, PutMode};
+    use redisched::store::{Op, PutRequest};
+    // The dead target accepts connections and never answers.
+    let dead = Receiver::start().await;
+    dead.set_default(Answer::status(200).delay(Duration::from_secs(120)));
+    let live = Receiver::start().await;
+    let mut dead_hook = target("dead", &["dead"], dead.url("/r"));
+    dead_hook.timeout_ms = 1_000;
+    dead_hook.max_in_flight = 16;
+    let live_hook = target("live", &["live"], live.url("/r"));
+    let mut config = config_with("hookiso", vec![dead_hook, live_hook]);
+    config.dispatch.max_attempts = 0;
+    let broker = Broker::new(&config).await;
+    let mut ready = broker.consume_ready("ontime").await;
+    let store = common::test_store_named(&config.redis.prefix).await;
+
+    // 10,000 jobs of the dead target, due now.
+    let topic = Topic::new("dead").unwrap();
+    for chunk in (0..10_000).collect::<Vec<_>>().chunks(500) {
+        let ops: Vec<Op> = chunk
+            .iter()
+            .map(|i| {
+                Op::Put(PutRequest {
+                    topic: topic.clone(),
+                    id: JobId::new(&format!("d{i}")).unwrap(),
+                    body: b"x".to_vec(),
+                    meta: Vec::new(),
+                    due: Due::NOW,
+                    mode: PutMode::Keep,
+                })
+            })
+            .collect();
+        store.apply(&ops).await.expect("put the backlog");
+    }
+    let bridge = InProcess::start(&config);
+    // Let the dead target's slots fill up before the on-time jobs fall due.
+    dead.wait_for(16, 10 * SECOND).await;
+
+    let jobs = 150;
+    let start = now_ms() + 1_500;
+    for i in 0..jobs {
+        let due = start + i * 20;
+        let at = [("x-deliver-at", AMQPValue::LongLongInt(due))];
+        broker.put("ontime", &format!("a{i}"), b"x", &at).await;
+        broker.put("live", &format!("l{i}"), b"x", &at).await;
+    }
+    let amqp = ready.collect(jobs as usize, 30 * SECOND).await;
+    let hooks = live.wait_for(jobs as usize, 30 * SECOND).await;
+    assert_eq!(amqp.len(), jobs as usize, "every AMQP job delivered");
+    assert_eq!(
+        hooks.len(),
+        jobs as usize,
+        "every job of the live target delivered"
+    );
+
+    let mut amqp_late: Vec<i64> = amqp
+        .iter()
+        .map(|(at, d)| at - header_i64(d, "x-redisched-due-at").unwrap())
+        .collect();
+    let mut hook_late: Vec<i64> = hooks
+        .iter()
+        .map(|r| {
+            r.epoch_ms
+                - r.header("x-redisched-due-at")
+                    .unwrap()
+                    .parse::<i64>()
+                    .unwrap()
+        })
+        .collect();
+    amqp_late.sort_unstable();
+    hook_late.sort_unstable();
+    eprintln!(
+        "lateness ms beside a dead target with 10,000 due jobs: AMQP p50 {} p99 {} max {}; live target p50 {} p99 {} max {}; dead target requests {}",
+        percentile(&amqp_late, 0.5),
+        percentile(&amqp_late, 0.99),
+        amqp_late[amqp_late.len() - 1],
+        percentile(&hook_late, 0.5),
+        percentile(&hook_late, 0.99),
+        hook_late[hook_late.len() - 1],
+        dead.received().len(),
+    );
+    assert!(amqp_late[0] >= 0 && hook_late[0] >= 0, "never early");
+    assert!(percentile(&amqp_late, 0.99) <= 50, "AMQP p99 {amqp_late:?}");
+    assert!(
+        percentile(&hook_late, 0.99) <= 50,
+        "live target p99 {hook_late:?}"
+    );
+    // The dead target never had more than its cap in flight.
+    let in_flight = store.stats(&topic).await.expect("stats").reserved;
+    assert!(
+        in_flight <= 16,
+        "{in_flight} reserved for a target of max_in_flight 16"
+    );
+    bridge.stop().await;
+    broker.cleanup().await;
+}
