@@ -642,3 +642,78 @@ async fn a_dead_target_with_a_large_backlog_delays_neither_amqp_topics_nor_other
     bridge.stop().await;
     broker.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_bridges_one_sigkilled_mid_request_lose_nothing() {
+    use std::collections::HashMap;
+    let receiver = Receiver::start().await;
+    receiver.set_default(Answer::status(200).delay(Duration::from_millis(100)));
+    let mut hook = target("kill", &["kill"], receiver.url("/r"));
+    hook.max_in_flight = 8;
+    hook.timeout_ms = 1_000;
+    let mut config = config_with("hookkill", vec![hook]);
+    config.dispatch.ttr_ms = 2_000;
+    let broker = Broker::new(&config).await;
+    let store = common::test_store_named(&config.redis.prefix).await;
+    let jobs = 300;
+    for i in 0..jobs {
+        broker.put("kill", &format!("k{i}"), b"x", &[]).await;
+    }
+
+    // The child gets its targets from a config file (they have no env form).
+    let dir = common::faults::TempDir::new("hookkill");
+    let file = dir.path().join("targets.toml");
+    #[derive(serde::Serialize)]
+    struct TargetsOnly<'a> {
+        targets: &'a [TargetConfig],
+    }
+    let toml = toml::to_string(&TargetsOnly {
+        targets: &config.targets,
+    })
+    .unwrap();
+    std::fs::write(&file, toml).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_redisched"))
+        .arg("--config")
+        .arg(&file)
+        .arg("run")
+        .envs(config.to_env())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn redisched run");
+    // Kill it while its first requests are still waiting for their answer.
+    let first = receiver.wait_for(1, 15 * SECOND).await;
+    assert!(!first.is_empty(), "the child bridge delivers");
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before_others = receiver.received().len();
+
+    let (b2, b3) = (InProcess::start(&config), InProcess::start(&config));
+    let deadline = Instant::now() + 30 * SECOND;
+    loop {
+        let stats = store.stats(&Topic::new("kill").unwrap()).await.unwrap();
+        if stats.scheduled + stats.reserved == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "jobs left: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for r in receiver.received() {
+        *counts
+            .entry(r.header("x-redisched-id").unwrap())
+            .or_default() += 1;
+    }
+    let duplicates: usize = counts.values().map(|n| n - 1).sum();
+    eprintln!(
+        "{} of {jobs} ids delivered, {duplicates} duplicates; {before_others} requests before the SIGKILL",
+        counts.len()
+    );
+    assert_eq!(counts.len(), jobs, "none lost");
+    // Only what the killed bridge had in flight (its max_in_flight) is sent again.
+    assert!(duplicates <= 8, "{duplicates} duplicates");
+    b2.stop().await;
+    b3.stop().await;
+    broker.cleanup().await;
+}
