@@ -717,3 +717,95 @@ async fn three_bridges_one_sigkilled_mid_request_lose_nothing() {
     b3.stop().await;
     broker.cleanup().await;
 }
+
+/// Runs `openssl` with whitespace-separated `args` in `dir`.
+fn openssl(dir: &std::path::Path, args: &str) {
+    let out = std::process::Command::new("openssl")
+        .args(args.split_whitespace())
+        .current_dir(dir)
+        .output()
+        .expect("run openssl (is it installed?)");
+    assert!(
+        out.status.success(),
+        "openssl {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// An HTTPS receiver (Python's http.server behind ssl) with a certificate of a private
+/// CA made for this run; answers 200 to every POST. Returns the child and its port.
+fn https_receiver(dir: &std::path::Path) -> (std::process::Child, u16) {
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName = IP:127.0.0.1, DNS:localhost\nbasicConstraints = critical, CA:FALSE\nextendedKeyUsage = serverAuth\n",
+    )
+    .unwrap();
+    openssl(dir, "req -x509 -newkey rsa:2048 -nodes -days 2 -keyout ca.key -out ca.pem -subj /CN=redisched-webhook-test-ca -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign");
+    openssl(
+        dir,
+        "req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=localhost",
+    );
+    openssl(dir, "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out server.pem -extfile server.ext");
+    let script = r#"
+import http.server, ssl, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get('content-length', 0)))
+        self.send_response(200)
+        self.send_header('content-length', '0')
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+srv = http.server.HTTPServer(('127.0.0.1', 0), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain('server.pem', 'server.key')
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+print(srv.server_address[1], flush=True)
+srv.serve_forever()
+"#;
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", script])
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    use std::io::BufRead as _;
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line.trim().parse().expect("the receiver's port");
+    (child, port)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_a_private_ca_is_trusted_only_through_tls_ca_file() {
+    let dir = common::faults::TempDir::new("hooktls");
+    let (mut server, port) = https_receiver(dir.path());
+    let url = format!("https://127.0.0.1:{port}/r");
+    let mut trusting = target("trusting", &["trusting"], url.clone());
+    trusting.tls_ca_file = dir.path().join("ca.pem").display().to_string();
+    let untrusting = target("untrusting", &["untrusting"], url);
+    let config = config_with("hooktls", vec![trusting, untrusting]);
+    let broker = Broker::new(&config).await;
+    let bridge = InProcess::start(&config);
+    let store = common::test_store_named(&config.redis.prefix).await;
+
+    broker.put("trusting", "j1", b"x", &[]).await;
+    broker.put("untrusting", "j2", b"x", &[]).await;
+    released(&store, "trusting", "j1").await;
+    let failing = wait_for(&store, "untrusting", "j2", |j| {
+        j.is_some_and(|j| j.failures >= 1)
+    })
+    .await;
+    let reason = failing.unwrap().last_error.unwrap().reason;
+    assert!(
+        reason.starts_with("request to untrusting") && reason.contains("TLS failed"),
+        "{reason}"
+    );
+    bridge.stop().await;
+    broker.cleanup().await;
+    let _ = server.kill();
+    let _ = server.wait();
+}
