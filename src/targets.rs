@@ -115,6 +115,17 @@ pub fn target_for<'a>(
     targets.iter().enumerate().find(|(_, t)| t.serves(topic))
 }
 
+/// The SSRF guard for a job naming its own URL (AMQP `x-redisched-url`, REST and CLI
+/// `url`): its topic's target must allow it.
+pub fn check_job_url_for(targets: &[TargetConfig], topic: &str, url: &str) -> Result<(), String> {
+    match target_for(targets, topic) {
+        None => Err(format!(
+            "a job URL was given, but no webhook target serves topic {topic}"
+        )),
+        Some((_, target)) => target.check_job_url(url),
+    }
+}
+
 /// AMQP topic matching: words split on `.`, `*` matches one word, `#` zero or more.
 pub fn pattern_matches(pattern: &str, topic: &str) -> bool {
     let p: Vec<&str> = pattern.split('.').collect();

@@ -809,3 +809,99 @@ async fn https_with_a_private_ca_is_trusted_only_through_tls_ca_file() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_faces_list_targets_name_a_topics_target_and_count_requests() {
+    let receiver = Receiver::start().await;
+    receiver.script([Answer::status(503).header("retry-after", "0")]);
+    let mut hook = target("billing", &["billing"], receiver.url("/r"));
+    hook.allowed_url_prefixes = vec![receiver.url("/own/")];
+    let mut config = config_with("hookfaces", vec![hook]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    config.http.enabled = true;
+    config.http.listen = format!("127.0.0.1:{port}");
+    let broker = Broker::new(&config).await;
+    let bridge = InProcess::start(&config);
+    let store = common::test_store_named(&config.redis.prefix).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    // Wait for the API.
+    let deadline = Instant::now() + 10 * SECOND;
+    while http.get(format!("{base}/healthz")).send().await.is_err() {
+        assert!(Instant::now() < deadline, "the API never came up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // REST put with a URL: under the prefix accepted, elsewhere refused with the reason.
+    let own = receiver.url("/own/a");
+    let put = |url: String| {
+        http.put(format!("{base}/v1/topics/billing/jobs/rest-1"))
+            .query(&[("url", url)])
+            .body("x")
+            .send()
+    };
+    let refused = put("http://10.0.0.1/".into()).await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let text = refused.text().await.unwrap();
+    assert!(text.contains("allowed_url_prefixes"), "{text}");
+    assert_eq!(put(own.clone()).await.unwrap().status(), 201);
+    released(&store, "billing", "rest-1").await;
+    let paths: Vec<String> = receiver.received().into_iter().map(|r| r.path).collect();
+    assert_eq!(paths, ["/own/a", "/own/a"], "503 first, then the 2xx");
+
+    let targets: serde_json::Value = http
+        .get(format!("{base}/v1/targets"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let row = &targets["targets"][0];
+    assert_eq!(row["name"], "billing");
+    assert_eq!(row["topics"], serde_json::json!(["billing"]));
+    assert_eq!(row["delivered"], 1);
+    assert_eq!(row["failures"], 1);
+    assert_eq!(row["last_status"], "200");
+    assert_eq!(row["in_flight"], 0);
+    assert_eq!(row["failing"], false);
+
+    let topics: serde_json::Value = http
+        .get(format!("{base}/v1/topics"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let billing = topics["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["topic"] == "billing")
+        .cloned()
+        .expect("the topic is listed");
+    assert_eq!(billing["target"], "billing");
+
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        r#"redisched_webhook_requests_total{target="billing",code="2xx"} 1"#,
+        r#"redisched_webhook_requests_total{target="billing",code="5xx"} 1"#,
+        r#"redisched_webhook_request_seconds_count{target="billing"} 2"#,
+    ] {
+        assert!(metrics.contains(line), "{line} missing from\n{metrics}");
+    }
+    bridge.stop().await;
+    broker.cleanup().await;
+}

@@ -14,6 +14,7 @@ mod compat;
 mod error;
 mod features;
 mod ops;
+mod targets;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,6 +61,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/events", get(ops::events))
         .route("/v1/topics", get(api::topics))
+        .route("/v1/targets", get(targets::targets))
         .route("/v1/topics/{topic}/jobs", get(api::list_jobs))
         .route(
             "/v1/topics/{topic}/due-histogram",

@@ -8,7 +8,7 @@ use lapin::BasicProperties;
 use super::decode::{Decoded, Invalid};
 use crate::amqp::headers;
 use crate::store::Op;
-use crate::targets::{target_for, TargetConfig};
+use crate::targets::{check_job_url_for, TargetConfig};
 
 /// Checks a decoded put's own URL, if it names one; deletes pass.
 pub(super) fn check(
@@ -33,15 +33,7 @@ pub(super) fn check(
         lapin::types::AMQPValue::ShortString(s) => s.as_str().to_owned(),
         _ => return Err(Invalid(format!("{} must be a text header", headers::URL))),
     };
-    let topic = put.topic.as_str();
-    let Some((_, target)) = target_for(targets, topic) else {
-        return Err(Invalid(format!(
-            "{} given, but no webhook target serves topic {topic}",
-            headers::URL
-        )));
-    };
-    target
-        .check_job_url(&url)
+    check_job_url_for(targets, put.topic.as_str(), &url)
         .map_err(|reason| Invalid(format!("{}: {reason}", headers::URL)))?;
     Ok(decoded)
 }

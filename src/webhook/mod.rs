@@ -301,6 +301,20 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// The stored meta of a job put through REST or the CLI with its own URL: the
+/// `x-redisched-url` header, as an AMQP producer would have sent it.
+pub fn meta_with_url(url: Option<&str>) -> Vec<u8> {
+    let Some(url) = url else {
+        return Vec::new();
+    };
+    let mut table = lapin::types::FieldTable::default();
+    table.insert(
+        URL_HEADER.into(),
+        AMQPValue::LongString(url.as_bytes().to_vec().into()),
+    );
+    crate::amqp::encode_meta(&AMQPProperties::default().with_headers(table))
+}
+
 /// `Retry-After`: delta-seconds or an HTTP date; `None` if neither.
 pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
