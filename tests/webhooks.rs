@@ -254,7 +254,7 @@ async fn jobs_wait_while_the_receiver_is_down_and_all_arrive_once_it_is_up() {
         let job = store
             .get(
                 &Topic::new("down").unwrap(),
-                &JobId::new(&format!("j{i}")).unwrap(),
+                &JobId::new(format!("j{i}")).unwrap(),
             )
             .await
             .unwrap();
@@ -570,7 +570,7 @@ async fn a_dead_target_with_a_large_backlog_delays_neither_amqp_topics_nor_other
             .map(|i| {
                 Op::Put(PutRequest {
                     topic: topic.clone(),
-                    id: JobId::new(&format!("d{i}")).unwrap(),
+                    id: JobId::new(format!("d{i}")).unwrap(),
                     body: b"x".to_vec(),
                     meta: Vec::new(),
                     due: Due::NOW,
