@@ -796,9 +796,13 @@ async fn history(
             "AT", "", "OUTCOME", "ID", "ATTEMPTS", "DUE AT"
         );
         for e in &view.entries {
-            let detail = match e.detail.parse::<i64>() {
+            // A series' next due time, then a delivery note (a webhook's `HTTP 200`).
+            let (head, note) = e.detail.split_once(' ').unwrap_or((&e.detail, ""));
+            let detail = match head.parse::<i64>() {
                 Ok(next) if e.outcome == crate::store::Outcome::Dispatched => {
-                    format!("next {}", rfc3339(next))
+                    format!("next {} {note}", rfc3339(next))
+                        .trim_end()
+                        .to_owned()
                 }
                 _ => e.detail.clone(),
             };

@@ -82,7 +82,8 @@ async fn a_due_job_is_posted_with_every_header_and_released() {
     let bridge = InProcess::start(&config);
     let store = common::test_store_named(&config.redis.prefix).await;
 
-    let due = now_ms() + 300;
+    // Far enough ahead that the bridge has started (a past time would mean now).
+    let due = now_ms() + 1_500;
     let props = props_with(
         "inv-1",
         "application/json",
@@ -126,6 +127,20 @@ async fn a_due_job_is_posted_with_every_header_and_released() {
         .is_some_and(|s| s.starts_with("v1,")));
 
     released(&store, "billing.eu", "inv-1").await;
+    let history = store
+        .history(
+            &Topic::new("billing.eu").unwrap(),
+            Some(&JobId::new("inv-1").unwrap()),
+            5,
+        )
+        .await
+        .unwrap();
+    assert_eq!(history.len(), 1, "{history:?}");
+    assert_eq!(history[0].outcome, redisched::store::Outcome::Dispatched);
+    assert_eq!(
+        history[0].detail, "HTTP 200",
+        "the status code is on record"
+    );
     assert!(
         ready.drain(SECOND).await.is_empty(),
         "nothing went to the ready exchange"

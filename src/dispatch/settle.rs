@@ -11,7 +11,7 @@ use crate::config::Config;
 use crate::feed::{Event, Feed};
 use crate::metrics::Metrics;
 use crate::schedule::Schedule;
-use crate::store::{Delivered, Lease, NextDue, RetryOutcome, Store};
+use crate::store::{Delivered, Lease, NextDue, Noted, RetryOutcome, Store};
 
 /// One reserved job on its way through a sink: what settling it needs.
 #[derive(Debug, Clone)]
@@ -21,6 +21,8 @@ pub(crate) struct Ticket {
     pub schedule: Option<Schedule>,
     pub due_at: i64,
     pub attempt: u32,
+    /// For the `dispatched` history entry (a webhook's `HTTP 200`); empty for AMQP.
+    pub note: String,
 }
 
 #[derive(Debug, Clone)]
@@ -48,7 +50,7 @@ impl Settler {
             // hair in the past is simply due at once, never early. Read again on each
             // try, so a long Redis outage does not schedule occurrences in the past.
             let leases = delivered(done, self.clock.now());
-            match self.store.release_delivered(&leases).await {
+            match self.store.release_noted(&leases).await {
                 Ok(released) => {
                     if (released as usize) < leases.len() {
                         tracing::debug!(
@@ -119,19 +121,22 @@ pub fn retry_delay(config: &Config, attempt: u32) -> Duration {
 
 /// What releasing each delivered job does at `now`: delete a one-shot job, move a
 /// series to its next occurrence, or end a series that has none.
-fn delivered(done: &[Ticket], now: i64) -> Vec<Delivered> {
+fn delivered(done: &[Ticket], now: i64) -> Vec<Noted> {
     done.iter()
-        .map(|a| Delivered {
-            lease: a.lease.clone(),
-            next_due: match &a.schedule {
-                None => NextDue::OneShot,
-                Some(schedule) => match schedule.next_occurrence(a.due_at, now) {
-                    Some(next) => NextDue::At(next),
-                    None => {
-                        tracing::warn!(topic = %a.lease.topic, id = %a.lease.id, %schedule,
+        .map(|a| Noted {
+            note: a.note.clone(),
+            delivered: Delivered {
+                lease: a.lease.clone(),
+                next_due: match &a.schedule {
+                    None => NextDue::OneShot,
+                    Some(schedule) => match schedule.next_occurrence(a.due_at, now) {
+                        Some(next) => NextDue::At(next),
+                        None => {
+                            tracing::warn!(topic = %a.lease.topic, id = %a.lease.id, %schedule,
                             "series has no further occurrence; it ends");
-                        NextDue::End
-                    }
+                            NextDue::End
+                        }
+                    },
                 },
             },
         })

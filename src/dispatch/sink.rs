@@ -44,5 +44,6 @@ pub(crate) fn ticket(topic: &Topic, job: &ReservedJob) -> Result<Ticket, (Lease,
         schedule,
         due_at: job.due_at,
         attempt: job.attempt,
+        note: String::new(),
     })
 }

@@ -143,9 +143,11 @@ impl Delivery {
         match result {
             Ok(delivered) => {
                 webhooks.finished(&name, "2xx", delivered.status.to_string(), None, seconds);
-                self.settler
-                    .release(std::slice::from_ref(&self.ticket))
-                    .await;
+                let ticket = Ticket {
+                    note: format!("HTTP {}", delivered.status),
+                    ..self.ticket.clone()
+                };
+                self.settler.release(std::slice::from_ref(&ticket)).await;
             }
             Err(failure) => {
                 let status = failure
