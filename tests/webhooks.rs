@@ -860,7 +860,7 @@ async fn the_faces_list_targets_name_a_topics_target_and_count_requests() {
             .send()
     };
     let refused = put("http://10.0.0.1/".into()).await.unwrap();
-    assert_eq!(refused.status(), 400);
+    assert_eq!(refused.status(), 422);
     let text = refused.text().await.unwrap();
     assert!(text.contains("allowed_url_prefixes"), "{text}");
     assert_eq!(put(own.clone()).await.unwrap().status(), 201);

@@ -131,12 +131,7 @@ pub(super) async fn put_job(
                 q.tz.as_deref(),
                 explicit.then_some(due),
             )?;
-            Ok((
-                put_mode(&q)?,
-                due,
-                recurrence,
-                q.url.filter(|u| !u.is_empty()),
-            ))
+            Ok((put_mode(&q)?, due, recurrence, q.url))
         });
     let (mode, due, recurrence, url) = match parsed {
         Ok(parsed) => parsed,
@@ -146,8 +141,10 @@ pub(super) async fn put_job(
         let topic = parse_topic(&topic)?;
         let id = parse_id(&id)?;
         if let Some(url) = &url {
+            url::Url::parse(url)
+                .map_err(|e| ApiError::bad_request(format!("url: {url:?} is not a URL ({e})")))?;
             crate::targets::check_job_url_for(&state.config.targets, topic.as_str(), url)
-                .map_err(|reason| ApiError::bad_request(format!("url: {reason}")))?;
+                .map_err(|reason| ApiError::url_not_allowed(format!("url: {reason}")))?;
         }
         let meta = crate::webhook::meta_with_url(url.as_deref());
         let body = read_body(body, state.store.limits().max_body_bytes).await?;
