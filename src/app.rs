@@ -44,6 +44,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     let metrics = Arc::new(Metrics::new());
     let feed = Feed::new();
     let hints = Arc::new(DueHints::new());
+    // Webhook targets are dispatched by a loop of their own, on a copy of the hints.
+    let webhook_hints = (!config.targets.is_empty()).then(|| hints.tee());
 
     // Bind first: a port conflict is a configuration error worth failing on at once.
     let listener = if config.http.enabled {
@@ -115,13 +117,29 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         hints: hints.clone(),
         warnings: warnings.clone(),
     };
+    let clock = Arc::new(ServerClock::new());
+    if let Some(hints) = webhook_hints {
+        // It needs no broker: it runs for the whole process, beside the AMQP sessions.
+        let hooks = Dispatcher {
+            store: store.clone(),
+            config: config.clone(),
+            metrics: metrics.clone(),
+            feed: feed.clone(),
+            hints,
+            clock: clock.clone(),
+            warnings: warnings.clone(),
+            webhooks: webhooks.clone(),
+        };
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move { hooks.run_webhooks(&mut Plan::default(), shutdown).await });
+    }
     let dispatcher = Dispatcher {
         store,
         config: config.clone(),
         metrics: metrics.clone(),
         feed,
         hints,
-        clock: Arc::new(ServerClock::new()),
+        clock,
         warnings,
         webhooks,
     };

@@ -920,3 +920,44 @@ async fn the_faces_list_targets_name_a_topics_target_and_count_requests() {
     bridge.stop().await;
     broker.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_delivery_goes_on_while_the_broker_is_unreachable() {
+    use redisched::job::{Due, PutMode};
+    use redisched::store::{Op, PutRequest};
+    let receiver = Receiver::start().await;
+    let mut config = config_with(
+        "hooknobroker",
+        vec![target("nobroker", &["nobroker"], receiver.url("/r"))],
+    );
+    // Nothing listens there: the bridge's AMQP sessions never open.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    config.amqp.url = format!("amqp://guest:guest@{dead}/%2f");
+    let store = common::test_store_named(&config.redis.prefix).await;
+    let bridge = InProcess::start(&config);
+    // Jobs arrive through the store (REST or CLI would do the same), due in a moment.
+    let topic = Topic::new("nobroker").unwrap();
+    let ops: Vec<Op> = (0..5)
+        .map(|i| {
+            Op::Put(PutRequest {
+                topic: topic.clone(),
+                id: JobId::new(format!("n{i}")).unwrap(),
+                body: b"x".to_vec(),
+                meta: Vec::new(),
+                due: Due::delay("delay", 300, 300).unwrap(),
+                mode: PutMode::Keep,
+            })
+        })
+        .collect();
+    store.apply(&ops).await.expect("put");
+    let got = receiver.wait_for(5, 10 * SECOND).await;
+    assert_eq!(got.len(), 5, "delivered without a broker");
+    for i in 0..5 {
+        released(&store, "nobroker", &format!("n{i}")).await;
+    }
+    bridge.stop().await;
+    redisched_testkit::delete_prefix(&config.redis.url, &config.redis.prefix).unwrap();
+}

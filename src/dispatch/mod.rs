@@ -34,7 +34,7 @@ pub use clock::ServerClock;
 use confirm::{Confirmer, InFlight};
 pub use settle::retry_delay;
 use settle::{Settler, Ticket};
-use sink::Route;
+use sink::{Route, Serves};
 pub use webhook_sink::WebhookSinks;
 
 /// Due topics reserved from in one round trip.
@@ -184,14 +184,6 @@ impl Dispatcher {
                 "confirms still pending at the end of the grace period; those jobs stay reserved and are requeued after their time-to-run"
             );
         }
-        // Webhook requests outlive a failed AMQP session; on shutdown they get the
-        // same grace as confirms.
-        if shutdown.is_cancelled() && !self.webhooks.drain(grace).await {
-            tracing::warn!(
-                ?grace,
-                "webhook requests still running at the end of the grace period; those jobs stay reserved and are requeued after their time-to-run"
-            );
-        }
         amqp::close_quietly("dispatch channel", channel.close(200, "shutdown".into())).await;
         result
     }
@@ -206,9 +198,64 @@ impl Dispatcher {
         }
     }
 
+    /// Dispatches the webhook targets' topics until `shutdown`, with no broker involved:
+    /// bring the plan up to date, nap until something is due (or a slot frees), then
+    /// reserve for each target's due topics what it has free slots for and POST each job
+    /// at once. Runs beside the AMQP sessions, on a plan and hints of its own, so a
+    /// broker outage or block does not stop webhook deliveries. On shutdown, requests in
+    /// flight get `dispatch.shutdown_grace_ms`.
+    pub async fn run_webhooks(&self, plan: &mut Plan, shutdown: CancellationToken) {
+        let cfg = &self.config.dispatch;
+        let poll = Duration::from_millis(cfg.poll_interval_ms);
+        let ttr = Duration::from_millis(cfg.ttr_ms);
+        let settler = self.settler();
+        let mut redis_backoff = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            let step = async {
+                self.update_plan(plan, poll, Serves::Webhooks).await?;
+                let now = self.clock.now();
+                let mut due = plan.due(now);
+                plan.turn = plan.turn.wrapping_add(1);
+                if !due.is_empty() {
+                    let start = plan.turn % due.len();
+                    due.rotate_left(start);
+                }
+                let (hooks, full) = self.split_by_target(due);
+                if hooks.is_empty() {
+                    // Nothing due, or only topics of targets without a free slot: sleep
+                    // until a slot frees, a hint, or the next topic that can be served.
+                    self.nap(plan, now, poll, &full, &shutdown).await;
+                    return Ok(());
+                }
+                self.reserve_for_webhooks(plan, hooks, ttr, &settler).await
+            };
+            match step.await {
+                Ok(()) => redis_backoff = Duration::from_millis(100),
+                Err(err) => {
+                    self.metrics.redis_up.set(0);
+                    tracing::warn!(error = %err, retry_in = ?redis_backoff, "redis unavailable; webhook dispatch waits");
+                    sleep_or_shutdown(redis_backoff, &shutdown).await;
+                    redis_backoff = (redis_backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        let grace = Duration::from_millis(cfg.shutdown_grace_ms);
+        if !self.webhooks.drain(grace).await {
+            tracing::warn!(
+                ?grace,
+                "webhook requests still running at the end of the grace period; those jobs stay reserved and are requeued after their time-to-run"
+            );
+        }
+    }
+
+    /// Whether this loop plans `topic`: the AMQP loop every topic no target serves, the
+    /// webhook loop the others.
+    fn mine(&self, serves: Serves, topic: &Topic) -> bool {
+        (self.webhooks.route(topic) == Route::Amqp) == (serves == Serves::Amqp)
+    }
+
     /// The dispatch loop, one named step per line: wait out a broker block, bring the
-    /// plan up to date, nap until something is due, then reserve for the due webhook
-    /// topics what their targets have room for, and reserve and publish the due AMQP
+    /// plan up to date, nap until something is due, then reserve and publish the due
     /// topics a group at a time within the confirm window.
     #[allow(clippy::too_many_arguments)]
     async fn dispatch_loop(
@@ -232,7 +279,7 @@ impl Dispatcher {
                 }
                 continue;
             }
-            if let Err(err) = self.update_plan(plan, poll).await {
+            if let Err(err) = self.update_plan(plan, poll, Serves::Amqp).await {
                 self.metrics.redis_up.set(0);
                 tracing::warn!(error = %err, retry_in = ?redis_backoff, "redis unavailable; dispatch waits");
                 sleep_or_shutdown(redis_backoff, shutdown).await;
@@ -242,30 +289,16 @@ impl Dispatcher {
 
             let now = self.clock.now();
             let mut due = plan.due(now);
-            // Start each round at another topic, so none is always served last.
-            plan.turn = plan.turn.wrapping_add(1);
-            if !due.is_empty() {
-                let start = plan.turn % due.len();
-                due.rotate_left(start);
-            }
-            let (due, hooks, full) = self.split_by_sink(due);
-            if due.is_empty() && hooks.is_empty() {
-                // Nothing due, or only topics of targets without a free slot: sleep
-                // until a slot frees, a hint, or the next topic that can be served.
-                if !self.nap(plan, now, poll, &full, shutdown).await {
+            if due.is_empty() {
+                if !self.nap(plan, now, poll, &HashSet::new(), shutdown).await {
                     break;
                 }
                 continue;
             }
-            if !hooks.is_empty() {
-                if let Err(err) = self.reserve_for_webhooks(plan, hooks, ttr, settler).await {
-                    self.metrics.redis_up.set(0);
-                    tracing::warn!(error = %err, "reserve failed");
-                    sleep_or_shutdown(redis_backoff, shutdown).await;
-                    redis_backoff = (redis_backoff * 2).min(Duration::from_secs(5));
-                    continue;
-                }
-            }
+            // Start each round at another topic, so none is always served last.
+            plan.turn = plan.turn.wrapping_add(1);
+            let start = plan.turn % due.len();
+            due.rotate_left(start);
 
             for group in due.chunks(RESERVE_GROUP) {
                 // Wait for room in the confirm window before taking more jobs.
@@ -308,14 +341,17 @@ impl Dispatcher {
         &self,
         plan: &mut Plan,
         poll: Duration,
+        serves: Serves,
     ) -> Result<(), crate::store::StoreError> {
         for (topic, due) in self.hints.take_hints() {
-            plan.hinted(topic, due);
+            if self.mine(serves, &topic) {
+                plan.hinted(topic, due);
+            }
         }
         let full = self.hints.take_rescan() || plan.last_rescan.is_none();
         let rescan_due = plan.last_rescan.is_none_or(|at| at.elapsed() >= poll);
         if full || rescan_due {
-            self.rescan(plan, full).await?;
+            self.rescan(plan, full, serves).await?;
         }
         Ok(())
     }
@@ -343,20 +379,15 @@ impl Dispatcher {
         }
     }
 
-    /// Splits due topics by sink: AMQP topics; webhook topics grouped by target, each
-    /// target's list cut to its free slots; and the topics left out for want of a
-    /// slot (served again once a request ends).
-    #[allow(clippy::type_complexity)]
-    fn split_by_sink(
-        &self,
-        due: Vec<Topic>,
-    ) -> (Vec<Topic>, Vec<(usize, Vec<Topic>)>, HashSet<Topic>) {
-        let mut amqp = Vec::with_capacity(due.len());
+    /// Groups due webhook topics by target, each target's list cut to its free slots;
+    /// also returns the topics left out for want of a slot (served again once a
+    /// request ends).
+    fn split_by_target(&self, due: Vec<Topic>) -> (Vec<(usize, Vec<Topic>)>, HashSet<Topic>) {
         let mut hooks: Vec<(usize, Vec<Topic>)> = Vec::new();
         let mut full = HashSet::new();
         for topic in due {
             match self.webhooks.route(&topic) {
-                Route::Amqp => amqp.push(topic),
+                Route::Amqp => {}
                 Route::Webhook(index) => {
                     let room = self.webhooks.room(index);
                     match hooks.iter_mut().find(|(i, _)| *i == index) {
@@ -369,7 +400,7 @@ impl Dispatcher {
                 }
             }
         }
-        (amqp, hooks, full)
+        (hooks, full)
     }
 
     /// Reserves, per target, at most its free slots' worth of jobs over its due
@@ -554,7 +585,12 @@ impl Dispatcher {
     /// all of them when `full`. Hints (in-process and Pub/Sub) keep the plan current;
     /// this safety net only catches what they missed, so with T topics a missed hint
     /// is found within T / RESCAN_CHUNK poll intervals.
-    async fn rescan(&self, plan: &mut Plan, full: bool) -> Result<(), crate::store::StoreError> {
+    async fn rescan(
+        &self,
+        plan: &mut Plan,
+        full: bool,
+        serves: Serves,
+    ) -> Result<(), crate::store::StoreError> {
         let now = self.store.server_time().await?;
         self.clock.observe(now);
         if full {
@@ -563,7 +599,8 @@ impl Dispatcher {
             plan.paused.clear();
         }
         loop {
-            let (next, topics) = self.store.scan_topics(plan.cursor, RESCAN_CHUNK).await?;
+            let (next, mut topics) = self.store.scan_topics(plan.cursor, RESCAN_CHUNK).await?;
+            topics.retain(|topic| self.mine(serves, topic));
             let heads = self.store.next_due_times(&topics).await?;
             for (topic, head) in topics.into_iter().zip(heads) {
                 plan.rescanned(&topic, head);

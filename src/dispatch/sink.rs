@@ -16,6 +16,14 @@ use crate::job::Topic;
 use crate::schedule::Schedule;
 use crate::store::{Lease, ReservedJob};
 
+/// Which loop plans a topic: the AMQP session's, or the webhook targets' (which runs
+/// without the broker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Serves {
+    Amqp,
+    Webhooks,
+}
+
 /// Where a topic's due jobs go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Route {
