@@ -961,3 +961,108 @@ async fn webhook_delivery_goes_on_while_the_broker_is_unreachable() {
     bridge.stop().await;
     redisched_testkit::delete_prefix(&config.redis.url, &config.redis.prefix).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_occurrence_of_a_series_gets_its_own_webhook_id() {
+    let receiver = Receiver::start().await;
+    let config = config_with(
+        "hookseries",
+        vec![target("series", &["series"], receiver.url("/r"))],
+    );
+    let broker = Broker::new(&config).await;
+    let bridge = InProcess::start(&config);
+    broker
+        .put(
+            "series",
+            "tick",
+            b"x",
+            &[("x-redisched-every", AMQPValue::LongLongInt(1_000))],
+        )
+        .await;
+    let got = receiver.wait_for(2, 10 * SECOND).await;
+    assert!(got.len() >= 2, "two occurrences");
+    let due: Vec<String> = got
+        .iter()
+        .map(|r| r.header("x-redisched-due-at").unwrap())
+        .collect();
+    assert_ne!(due[0], due[1], "two occurrences");
+    assert_ne!(got[0].header("webhook-id"), got[1].header("webhook-id"));
+    bridge.stop().await;
+    broker.cleanup().await;
+}
+
+/// `redisched <args>` with `file` as its config; (exit code, stdout, stderr).
+fn cli(file: &std::path::Path, config: &Config, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_redisched"))
+        .arg("--config")
+        .arg(file)
+        .args(args)
+        .envs(config.to_env())
+        .output()
+        .expect("run redisched");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_cli_lists_targets_checks_them_naming_the_key_and_guards_put_url() {
+    let dir = common::faults::TempDir::new("hookcli");
+    let config = test_config("hookcli");
+    let good = dir.path().join("good.toml");
+    std::fs::write(
+        &good,
+        r#"
+[[targets]]
+name = "billing"
+topics = ["billing.#"]
+url = "http://127.0.0.1:9191/receive"
+allowed_url_prefixes = ["http://127.0.0.1:9191/own/"]
+"#,
+    )
+    .unwrap();
+    let (code, out, err) = cli(&good, &config, &["targets", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["targets"][0]["name"], "billing");
+    assert_eq!(
+        json["targets"][0]["topics"],
+        serde_json::json!(["billing.#"])
+    );
+
+    let (code, _, err) = cli(
+        &good,
+        &config,
+        &[
+            "put",
+            "billing.eu",
+            "j1",
+            "x",
+            "--url",
+            "http://169.254.169.254/",
+        ],
+    );
+    assert_eq!(code, 2, "refused: {err}");
+    assert!(err.contains("allowed_url_prefixes"), "{err}");
+
+    for (body, key) in [
+        ("name = \"a\"\ntopics = [\"x\"]\nurl = \"ftp://h/\"", "targets[0].url"),
+        ("name = \"a\"\ntopics = [\"x\"]\nurl = \"http://h/\"\nbody = \"json\"", "targets[0].body"),
+        (
+            "name = \"a\"\ntopics = [\"x\"]\nurl = \"http://h/\"\nsigning_secrets = [\"plain\"]",
+            "targets[0].signing_secrets[0]",
+        ),
+        (
+            "name = \"a\"\ntopics = [\"#\"]\nurl = \"http://h/\"\n[[targets]]\nname = \"b\"\ntopics = [\"x.y\"]\nurl = \"http://h/\"",
+            "targets[1].topics[0]",
+        ),
+    ] {
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, format!("[[targets]]\n{body}\n")).unwrap();
+        let (code, _, err) = cli(&bad, &config, &["check-config"]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(&format!("config key `{key}`")), "{key}: {err}");
+    }
+}
