@@ -3,13 +3,15 @@
 //! [`super::settle::Settler`] (release after a broker ack without return / after a
 //! 2xx; hand back with backoff otherwise). Two sinks exist:
 //!
-//! - AMQP (`publish` in `mod.rs` + `confirm.rs`): the ready exchange, publisher
-//!   confirms, within the shared confirm window `dispatch.window`;
-//! - webhooks (`webhook_sink.rs`): `[[targets]]`, each with its own in-flight cap.
+//! - AMQP (`Dispatcher::dispatch_loop`, `publish` in `mod.rs` + `confirm.rs`), one loop
+//!   per AMQP session: the ready exchange, publisher confirms, within the confirm
+//!   window `dispatch.window`;
+//! - webhooks (`Dispatcher::run_webhooks` + `webhook_sink.rs`), one loop for the whole
+//!   process that needs no broker: `[[targets]]`, each with its own in-flight cap.
 //!
-//! A new sink: a route here, a module that takes `(Ticket, ReservedJob)` and reports
-//! to the `Settler`, and a branch in `Dispatcher::dispatch_loop` that reserves for its
-//! topics only as many jobs as it has room for.
+//! Each loop plans only its own topics ([`Serves`]). A new sink: a route here, a module
+//! that takes `(Ticket, ReservedJob)` and reports to the `Settler`, and a loop (or a
+//! branch of one) that reserves for its topics only as many jobs as it can send now.
 
 use super::settle::Ticket;
 use crate::job::Topic;
