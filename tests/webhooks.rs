@@ -1066,3 +1066,58 @@ allowed_url_prefixes = ["http://127.0.0.1:9191/own/"]
         assert!(err.contains(&format!("config key `{key}`")), "{key}: {err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_proxy_variable_is_honoured() {
+    // The receiver plays the proxy: with HTTP_PROXY set, the bridge sends the request
+    // for a host that does not exist to it (absolute-form request line).
+    let proxy = Receiver::start().await;
+    let config = config_with(
+        "hookproxy",
+        vec![target(
+            "proxied",
+            &["proxied"],
+            "http://no-such-host.invalid/hook".into(),
+        )],
+    );
+    let broker = Broker::new(&config).await;
+    let store = common::test_store_named(&config.redis.prefix).await;
+    let dir = common::faults::TempDir::new("hookproxy");
+    let file = dir.path().join("targets.toml");
+    #[derive(serde::Serialize)]
+    struct TargetsOnly<'a> {
+        targets: &'a [TargetConfig],
+    }
+    std::fs::write(
+        &file,
+        toml::to_string(&TargetsOnly {
+            targets: &config.targets,
+        })
+        .unwrap(),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_redisched"))
+        .arg("--config")
+        .arg(&file)
+        .arg("run")
+        .envs(config.to_env())
+        .env("HTTP_PROXY", format!("http://{}", proxy.addr))
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn redisched run");
+    broker.put("proxied", "p1", b"x", &[]).await;
+    let got = proxy.wait_for(1, 15 * SECOND).await;
+    assert_eq!(got.len(), 1, "the request went through the proxy");
+    assert_eq!(got[0].path, "/hook");
+    assert_eq!(
+        got[0].header("host").as_deref(),
+        Some("no-such-host.invalid")
+    );
+    released(&store, "proxied", "p1").await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    broker.cleanup().await;
+}
