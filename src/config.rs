@@ -614,6 +614,9 @@ impl Config {
         let mut copy = self.clone();
         copy.redis.url = redact_url(&copy.redis.url);
         copy.amqp.url = redact_url(&copy.amqp.url);
+        for target in &mut copy.targets {
+            target.redact();
+        }
         for token in [
             &mut copy.http.token,
             &mut copy.http.read_token,

@@ -68,6 +68,18 @@ impl TargetConfig {
         }
     }
 
+    /// Masks what may be secret, for printing: signing secrets, header values (API
+    /// keys), URL passwords.
+    pub fn redact(&mut self) {
+        for secret in &mut self.signing_secrets {
+            *secret = "***".into();
+        }
+        for value in self.headers.values_mut() {
+            *value = "***".into();
+        }
+        self.url = crate::config::redact_url(&self.url);
+    }
+
     /// Whether any of this target's patterns matches `topic`.
     pub fn serves(&self, topic: &str) -> bool {
         self.topics.iter().any(|p| pattern_matches(p, topic))

@@ -1121,3 +1121,23 @@ async fn the_http_proxy_variable_is_honoured() {
     child.wait().unwrap();
     broker.cleanup().await;
 }
+
+#[test]
+fn check_config_masks_target_secrets() {
+    let dir = common::faults::TempDir::new("hookmask");
+    let config = test_config("hookmask");
+    let file = dir.path().join("t.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[targets]]\nname = \"a\"\ntopics = [\"x\"]\nurl = \"http://user:pw@h/\"\nsigning_secrets = [\"{SECRET_A}\"]\nheaders = {{ authorization = \"Bearer top-secret\" }}\n"
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = cli(&file, &config, &["check-config"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("[[targets]]"), "{out}");
+    for secret in [SECRET_A, "top-secret", ":pw@"] {
+        assert!(!out.contains(secret), "{secret} printed:\n{out}");
+    }
+}
