@@ -20,6 +20,8 @@ pub use sign::{signature, webhook_id};
 pub const URL_HEADER: &str = headers::URL;
 /// The prefix of forwarded AMQP headers (`forward_headers = true`).
 pub const FORWARDED_PREFIX: &str = "x-redisched-header-";
+/// How much of a 2xx answer's body is read (and dropped) to keep the connection.
+const SUCCESS_BODY_BYTES: usize = 64 * 1024;
 /// How much of a failed response's body `last_error` quotes.
 const ERROR_BODY_BYTES: usize = 200;
 
@@ -169,6 +171,16 @@ impl Client {
             .map_err(|e| transport_failure(name, self.target.timeout_ms, url, &e))?;
         let status = response.status();
         if status.is_success() {
+            // Reading a short answer to its end lets the connection go back to the pool;
+            // a long one is not worth waiting for (the job is delivered either way).
+            let mut response = response;
+            let mut read = 0;
+            while read < SUCCESS_BODY_BYTES {
+                match response.chunk().await {
+                    Ok(Some(chunk)) => read += chunk.len(),
+                    _ => break,
+                }
+            }
             return Ok(Delivered {
                 status: status.as_u16(),
             });
