@@ -8,7 +8,9 @@ ARGV: id1, lease1 [, id2, lease2 ...] [, history_max]
   recurring job `<token>@<next_due>`: next_due is the epoch ms of the series' next
   occurrence, computed by the caller from the job's spec (the first occurrence strictly
   after the server's now, see lua/README.md "Recurring series"); `<token>@-1` ends the
-  series (the job is deleted). A next_due for a one-shot job is ignored.
+  series (the job is deleted). A next_due for a one-shot job is ignored. Either form may
+  end in `;<note>` (at most 100 bytes, e.g. `HTTP 200` from a webhook target): it goes
+  into the job's `dispatched` history entry (after the next due time for a series).
   An odd number of arguments: the last one is history_max (8 keys; cap of the topic's
   history list, default 1000, 0 = none); each release is logged as 'dispatched'.
 Reply: the number of jobs released (deleted or rescheduled).
@@ -215,6 +217,13 @@ end
 local plan, seen = {}, {}
 for i = 1, pairs_end, 2 do
   local id, lease = ARGV[i], ARGV[i + 1]
+  local base, note = string.match(lease, '^([^;]*);(.*)$')
+  if base then
+    if #note > 100 then
+      return redis.error_reply('INVALID_ARGUMENT a release note is at most 100 bytes')
+    end
+    lease = base
+  end
   local token, next_s = string.match(lease, '^(%d+)@(%-?%d+)$')
   if not token then
     token = string.match(lease, '^(%d+)$')
@@ -240,7 +249,7 @@ for i = 1, pairs_end, 2 do
         end
         j.next = next_due
       end
-      plan[#plan + 1] = { id, j }
+      plan[#plan + 1] = { id, j, note }
     end
   end
 end
@@ -248,7 +257,7 @@ end
 local now = history_max > 0 and now_ms() or 0
 local log = {}
 for _, step in ipairs(plan) do
-  local id, j = step[1], step[2]
+  local id, j, note = step[1], step[2], step[3]
   redis.call('ZREM', reserved, id)
   if full and j.error_at > 0 then
     redis.call('ZREM', KEYS[8], id)
@@ -263,6 +272,9 @@ for _, step in ipairs(plan) do
     j.due, j.attempts = occurrence, attempts
   else
     redis.call('HDEL', jobs, id)
+  end
+  if note then
+    detail = detail == '' and note or (detail .. ' ' .. note)
   end
   if history_max > 0 then
     log[#log + 1] = history_entry(now, 'dispatched', j.attempts, j.due, id, detail)

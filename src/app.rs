@@ -15,7 +15,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::amqp::{self, AmqpError};
 use crate::config::Config;
-use crate::dispatch::{Dispatcher, Plan, ServerClock};
+use crate::dispatch::{Dispatcher, Plan, ServerClock, WebhookSinks};
 use crate::feed::Feed;
 use crate::http::{self, AppState};
 use crate::ingest::Ingest;
@@ -34,12 +34,15 @@ pub enum AppError {
     },
     #[error("refusing to run: Redis may evict scheduled jobs under memory pressure (maxmemory-policy {policy}); set maxmemory-policy noeviction (or a volatile-* policy: redisched keys carry no TTL) on every Redis primary, or set redis.allow_eviction = true (REDISCHED_REDIS__ALLOW_EVICTION=true) to run anyway")]
     EvictingRedis { policy: String },
+    #[error("webhook targets: {0}")]
+    Targets(String),
 }
 
 /// Runs the bridge until `shutdown` is cancelled, then stops intake, drains in-flight
 /// confirms (bounded by `dispatch.shutdown_grace_ms`) and returns.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppError> {
     let config = Arc::new(config);
+    let webhooks = Arc::new(WebhookSinks::new(&config).map_err(AppError::Targets)?);
     let metrics = Arc::new(Metrics::new());
     let feed = Feed::new();
     let hints = Arc::new(DueHints::new());
@@ -47,6 +50,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     // and logs read it.
     let health = Arc::new(RedisHealth::new());
     health.set_allow_eviction(config.redis.allow_eviction);
+    // Webhook targets are dispatched by a loop of their own, on a copy of the hints.
+    let webhook_hints = (!config.targets.is_empty()).then(|| hints.tee());
 
     // Bind first: a port conflict is a configuration error worth failing on at once.
     let listener = if config.http.enabled {
@@ -124,14 +129,31 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         warnings: warnings.clone(),
         isolation: Default::default(),
     };
+    let clock = Arc::new(ServerClock::new());
+    if let Some(hints) = webhook_hints {
+        // It needs no broker: it runs for the whole process, beside the AMQP sessions.
+        let hooks = Dispatcher {
+            store: store.clone(),
+            config: config.clone(),
+            metrics: metrics.clone(),
+            feed: feed.clone(),
+            hints,
+            clock: clock.clone(),
+            warnings: warnings.clone(),
+            webhooks: webhooks.clone(),
+        };
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move { hooks.run_webhooks(&mut Plan::default(), shutdown).await });
+    }
     let dispatcher = Dispatcher {
         store,
         config: config.clone(),
         metrics: metrics.clone(),
         feed,
         hints,
-        clock: Arc::new(ServerClock::new()),
+        clock,
         warnings,
+        webhooks,
     };
     // Ingest and dispatch each get their own connection: a command the client library
     // cannot even parse (which drops the connection) must not interrupt deliveries,

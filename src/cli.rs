@@ -152,6 +152,9 @@ pub enum Command {
         #[arg(long, short = 'n', default_value_t = 20)]
         limit: usize,
     },
+    /// List the webhook targets of the configuration with their topics, URL and limits
+    /// (a running bridge's `GET /v1/targets` adds in flight, last status and failures)
+    Targets,
     /// Verify the store's invariants (fsck) for one topic or all; --repair fixes them
     #[command(
         after_help = "Reports (and with --repair fixes) keys of the wrong type, unreadable \
@@ -236,6 +239,10 @@ pub struct PutArgs {
     /// The IANA time zone of --cron (default UTC)
     #[arg(long, value_name = "ZONE", requires = "cron")]
     pub tz: Option<String>,
+    /// POST the job to this URL instead of its webhook target's (must start with one of
+    /// the target's allowed_url_prefixes)
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
 }
 
 fn parse_delay(raw: &str) -> Result<Due, String> {
@@ -315,6 +322,7 @@ impl CliError {
 pub fn config_key(err: &ConfigError) -> Option<String> {
     match err {
         ConfigError::Invalid { key, .. } => Some(key.clone()),
+        ConfigError::Target { key, .. } => Some(key.clone()),
         ConfigError::Load(err) => Some(err.path.join(".")).filter(|k| !k.is_empty()),
     }
 }
@@ -374,6 +382,10 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
         Command::Put(args) => {
             let schedule = schedule_of(args, config.limits.min_interval_ms)?;
             let body = read_body(args)?;
+            if let Some(url) = &args.url {
+                crate::targets::check_job_url_for(&config.targets, args.topic.as_str(), url)
+                    .map_err(|reason| CliError::Usage(format!("--url: {reason}")))?;
+            }
             let store = connect(&config).await?;
             put(&store, args, body, schedule).await
         }
@@ -392,7 +404,10 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
             };
             list(&connect(&config).await?, topic, *limit, *offset, which).await
         }
-        Command::Stats { topic } => stats(&connect(&config).await?, topic.as_ref()).await,
+        Command::Stats { topic } => {
+            stats(&connect(&config).await?, topic.as_ref(), &config.targets).await
+        }
+        Command::Targets => Ok(targets(&config.targets)),
         Command::Pause { topic } => pause(&connect(&config).await?, topic, true).await,
         Command::Resume { topic } => pause(&connect(&config).await?, topic, false).await,
         Command::RateLimit { topic, rate, burst } => {
@@ -497,7 +512,7 @@ async fn put(
         topic: args.topic.clone(),
         id: args.id.clone(),
         body,
-        meta: Vec::new(),
+        meta: crate::webhook::meta_with_url(args.url.as_deref()),
         due: explicit.unwrap_or(Due::NOW),
         mode,
     };
@@ -722,7 +737,36 @@ fn check_limit(limit: usize) -> Result<(), CliError> {
     }
 }
 
-async fn stats(store: &Store, topic: Option<&Topic>) -> Result<Output, CliError> {
+/// `redisched targets`: the configured targets (no Redis needed).
+fn targets(targets: &[crate::targets::TargetConfig]) -> Output {
+    let view = view::TargetsView::new(targets, |_| None);
+    let mut human = String::new();
+    if view.targets.is_empty() {
+        human.push_str("no webhook targets configured ([[targets]] in the config file)");
+    }
+    for t in &view.targets {
+        human.push_str(&format!(
+            "{}  topics {}  -> {}  body {}  max_in_flight {}  timeout {} ms{}\n",
+            t.name,
+            t.topics.join(","),
+            t.url,
+            t.body,
+            t.max_in_flight,
+            t.timeout_ms,
+            if t.signed { "  signed" } else { "" }
+        ));
+    }
+    Output {
+        json: view::to_json(&view),
+        human: human.trim_end().to_owned(),
+    }
+}
+
+async fn stats(
+    store: &Store,
+    topic: Option<&Topic>,
+    targets: &[crate::targets::TargetConfig],
+) -> Result<Output, CliError> {
     let topics = match topic {
         Some(topic) => vec![topic.clone()],
         None => store.topics().await?,
@@ -732,7 +776,7 @@ async fn stats(store: &Store, topic: Option<&Topic>) -> Result<Output, CliError>
         let stats = store.stats(&topic).await?;
         rows.push((topic, stats));
     }
-    let json = view::to_json(&TopicsView::new(&rows));
+    let json = view::to_json(&TopicsView::new(&rows).with_targets(targets));
     let human = if rows.is_empty() {
         "no topics yet".to_string()
     } else {
@@ -922,9 +966,13 @@ async fn history(
             "AT", "", "OUTCOME", "ID", "ATTEMPTS", "DUE AT"
         );
         for e in &view.entries {
-            let detail = match e.detail.parse::<i64>() {
+            // A series' next due time, then a delivery note (a webhook's `HTTP 200`).
+            let (head, note) = e.detail.split_once(' ').unwrap_or((&e.detail, ""));
+            let detail = match head.parse::<i64>() {
                 Ok(next) if e.outcome == crate::store::Outcome::Dispatched => {
-                    format!("next {}", rfc3339(next))
+                    format!("next {} {note}", rfc3339(next))
+                        .trim_end()
+                        .to_owned()
                 }
                 _ => e.detail.clone(),
             };

@@ -29,6 +29,8 @@ pub struct Config {
     /// Per-topic delivery policies, first match wins (`[[policies]]` in the file only:
     /// an array has no `REDISCHED_*` form).
     pub policies: Vec<PolicyConfig>,
+    /// Webhook targets (`[[targets]]`, file only: `src/targets.rs`).
+    pub targets: Vec<crate::targets::TargetConfig>,
 }
 
 /// One `[[policies]]` entry: which topics (AMQP topic patterns) and their default rate
@@ -291,6 +293,9 @@ pub enum ConfigError {
     Load(#[from] Box<figment::Error>),
     #[error("config key `{key}`: {message}")]
     Invalid { key: String, message: String },
+    /// A `[[targets]]` entry, keyed by index (`targets[1].url`).
+    #[error("config key `{key}`: {message}")]
+    Target { key: String, message: String },
 }
 
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
@@ -510,7 +515,13 @@ impl Config {
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|e| invalid("log.level", e.to_string()))?;
         self.compiled_policies()?;
-        self.validate_tls()
+        self.validate_tls()?;
+        crate::targets::validate(&self.targets, self.dispatch.ttr_ms).map_err(|e| {
+            ConfigError::Target {
+                key: e.key,
+                message: e.message,
+            }
+        })
     }
 
     /// `[[policies]]` compiled (patterns parsed, limits checked); an error names the
@@ -695,6 +706,9 @@ impl Config {
         let mut copy = self.clone();
         copy.redis.url = redact_url(&copy.redis.url);
         copy.amqp.url = redact_url(&copy.amqp.url);
+        for target in &mut copy.targets {
+            target.redact();
+        }
         for token in [
             &mut copy.http.token,
             &mut copy.http.read_token,

@@ -93,3 +93,34 @@ pub fn amqp_tls_config(ca_file: Option<&Path>) -> std::io::Result<lapin::tcp::Ow
         cert_chain,
     })
 }
+
+/// The rustls settings of webhook requests (*ring*): the system roots plus the CAs of
+/// a target's `tls_ca_file`; HTTP/2 and HTTP/1.1 offered by ALPN.
+#[cfg(feature = "tls")]
+pub fn http_tls_config(ca_file: Option<&Path>) -> std::io::Result<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path).map_err(|e| {
+            std::io::Error::other(format!("cannot read tls_ca_file {}: {e}", path.display()))
+        })?;
+        use rustls::pki_types::pem::PemObject as _;
+        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+            let cert =
+                cert.map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
+            roots
+                .add(cert)
+                .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(std::io::Error::other)?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}

@@ -8,11 +8,13 @@ use base64::Engine as _;
 use serde::Serialize;
 
 use crate::job::{IdPrefix, JobId, Topic};
+use crate::metrics::TargetStatus;
 use crate::policy::RateLimit;
 use crate::store::{
     HistoryEntry, JobInfo, JobState, JobSummary, LastError, Outcome, PutOutcome, PutStatus,
     RateSource, RateState, ScheduleSpec, SpecKind, TopicStats,
 };
+use crate::targets::{target_for, TargetConfig};
 
 /// First epoch ms that RFC 3339 (years 0000–9999) cannot show.
 const YEAR_10000_MS: i64 = 253_402_300_800_000;
@@ -53,6 +55,9 @@ pub struct StatsRow {
     pub parked: u64,
     /// Jobs with a recorded failed publish (parked ones included).
     pub failing: u64,
+    /// The webhook target its jobs go to; absent: the ready exchange.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
     /// Due jobs the topic's rate limit holds back now.
     pub throttled: u64,
     /// The rate limit in force; `null`: unlimited.
@@ -117,6 +122,7 @@ impl StatsRow {
             failing: stats.failing,
             throttled: stats.throttled,
             rate_limit: RateLimitFields::new(stats.rate_limit),
+            target: None,
         }
     }
 }
@@ -131,6 +137,65 @@ impl TopicsView {
     pub fn new(rows: &[(Topic, TopicStats)]) -> Self {
         Self {
             topics: rows.iter().map(|(t, s)| StatsRow::new(t, s)).collect(),
+        }
+    }
+
+    /// Names each topic's webhook target.
+    pub fn with_targets(mut self, targets: &[TargetConfig]) -> Self {
+        for row in &mut self.topics {
+            row.target = target_for(targets, row.topic.as_str()).map(|(_, t)| t.name.clone());
+        }
+        self
+    }
+}
+
+/// One webhook target: a row of `GET /v1/targets` and `redisched targets --json`. The
+/// live fields come from the bridge answering (`GET /v1/targets`); the CLI, which
+/// talks to Redis only, leaves them out.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetRow {
+    pub name: String,
+    pub topics: Vec<String>,
+    pub url: String,
+    pub body: String,
+    pub max_in_flight: usize,
+    pub timeout_ms: u64,
+    pub signed: bool,
+    pub allowed_url_prefixes: Vec<String>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub live: Option<TargetStatus>,
+    /// A target whose latest attempts failed (the dashboard shows it in red).
+    pub failing: bool,
+}
+
+/// `GET /v1/targets`, `redisched targets --json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetsView {
+    pub targets: Vec<TargetRow>,
+}
+
+impl TargetsView {
+    /// `status` gives a target's live state, when this process runs it.
+    pub fn new(targets: &[TargetConfig], status: impl Fn(&str) -> Option<TargetStatus>) -> Self {
+        Self {
+            targets: targets
+                .iter()
+                .map(|t| {
+                    let live = status(&t.name);
+                    TargetRow {
+                        name: t.name.clone(),
+                        topics: t.topics.clone(),
+                        url: crate::urls::redact_url(&t.url),
+                        body: t.body.clone(),
+                        max_in_flight: t.max_in_flight,
+                        timeout_ms: t.timeout_ms,
+                        signed: !t.signing_secrets.is_empty(),
+                        allowed_url_prefixes: t.allowed_url_prefixes.clone(),
+                        failing: live.as_ref().is_some_and(|s| s.consecutive_failures > 0),
+                        live,
+                    }
+                })
+                .collect(),
         }
     }
 }

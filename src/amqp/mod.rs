@@ -50,6 +50,10 @@ pub mod headers {
     pub const CRON: &str = "x-redisched-cron";
     /// ... evaluated in this IANA time zone (default `UTC`).
     pub const TZ: &str = "x-redisched-tz";
+    /// A job of a webhook target's topic: the URL to POST it to instead of the
+    /// target's, allowed only under the target's `allowed_url_prefixes`. Stored with the
+    /// job (its meta) like any other header.
+    pub const URL: &str = "x-redisched-url";
     /// Control headers: consumed by the bridge, never stored or forwarded.
     pub const CONTROL: [&str; 4] = [DELAY, DELIVER_AT, OP, ID];
     /// Headers the bridge writes on what it publishes. On a command they are ignored and
@@ -58,7 +62,7 @@ pub mod headers {
     pub const OUTPUT: [&str; 4] = [ERROR, TOPIC, DUE_AT, ATTEMPT];
     /// Every `x-redisched-*` header a command may carry; any other is refused, so a
     /// producer never silently gets other semantics than it asked for.
-    pub const KNOWN: [&str; 9] = [OP, ID, EVERY, CRON, TZ, ERROR, TOPIC, DUE_AT, ATTEMPT];
+    pub const KNOWN: [&str; 10] = [OP, ID, EVERY, CRON, TZ, ERROR, TOPIC, DUE_AT, ATTEMPT, URL];
     /// The prefix of the bridge's own headers (compared ignoring ASCII case).
     pub const PREFIX: &str = "x-redisched-";
 }

@@ -8,8 +8,11 @@
 
 mod clock;
 mod confirm;
+mod settle;
+mod sink;
+mod webhook_sink;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,11 +28,14 @@ use crate::feed::Feed;
 use crate::job::Topic;
 use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
-use crate::schedule::Schedule;
 use crate::store::ReservedJob;
-use crate::store::{DueHints, Lease, RetryOutcome, Store};
+use crate::store::{DueHints, Store};
 pub use clock::ServerClock;
 use confirm::{Confirmer, InFlight};
+pub use settle::retry_delay;
+use settle::{Settler, Ticket};
+use sink::{Route, Serves};
+pub use webhook_sink::WebhookSinks;
 
 /// Due topics reserved from in one round trip.
 const RESERVE_GROUP: usize = 64;
@@ -86,8 +92,17 @@ impl Plan {
             .collect()
     }
 
+    #[cfg(test)]
     fn earliest(&self) -> Option<i64> {
         self.by_due.first().map(|(due, _)| *due)
+    }
+
+    /// The earliest due time of a topic not in `skip` (topics waiting for a sink slot).
+    fn earliest_except(&self, skip: &HashSet<Topic>) -> Option<i64> {
+        self.by_due
+            .iter()
+            .find(|(_, topic)| !skip.contains(topic))
+            .map(|(due, _)| *due)
     }
 
     /// A reserve reply: a paused topic leaves the plan until a hint (resume, put) or
@@ -131,6 +146,8 @@ pub struct Dispatcher {
     /// Failed publishes are retried; the log gets the first per topic and reason, then a
     /// summary per window, not a line per retry.
     pub warnings: Arc<LogThrottle>,
+    /// The webhook targets' sink; kept across AMQP sessions with its requests.
+    pub webhooks: Arc<WebhookSinks>,
 }
 
 impl Dispatcher {
@@ -146,19 +163,17 @@ impl Dispatcher {
         let blocked = watch_blocked(connection, shutdown.clone());
         let window = Arc::new(Semaphore::new(self.config.dispatch.window));
         let (in_flight, confirmed) = mpsc::unbounded_channel();
+        let settler = self.settler();
         let confirmer = Confirmer {
-            store: self.store.clone(),
-            config: self.config.clone(),
-            metrics: self.metrics.clone(),
-            feed: self.feed.clone(),
-            clock: self.clock.clone(),
+            settler: settler.clone(),
             warnings: self.warnings.clone(),
-            hints: self.hints.clone(),
         };
         let mut confirmer = tokio::spawn(confirmer.run(confirmed));
 
         let result = self
-            .dispatch_loop(plan, &channel, blocked, &window, &in_flight, &shutdown)
+            .dispatch_loop(
+                plan, &channel, blocked, &window, &in_flight, &settler, &shutdown,
+            )
             .await;
         drop(in_flight);
         let grace = Duration::from_millis(self.config.dispatch.shutdown_grace_ms);
@@ -173,9 +188,76 @@ impl Dispatcher {
         result
     }
 
+    fn settler(&self) -> Settler {
+        Settler {
+            store: self.store.clone(),
+            config: self.config.clone(),
+            metrics: self.metrics.clone(),
+            feed: self.feed.clone(),
+            clock: self.clock.clone(),
+            hints: self.hints.clone(),
+        }
+    }
+
+    /// Dispatches the webhook targets' topics until `shutdown`, with no broker involved:
+    /// bring the plan up to date, nap until something is due (or a slot frees), then
+    /// reserve for each target's due topics what it has free slots for and POST each job
+    /// at once. Runs beside the AMQP sessions, on a plan and hints of its own, so a
+    /// broker outage or block does not stop webhook deliveries. On shutdown, requests in
+    /// flight get `dispatch.shutdown_grace_ms`.
+    pub async fn run_webhooks(&self, plan: &mut Plan, shutdown: CancellationToken) {
+        let cfg = &self.config.dispatch;
+        let poll = Duration::from_millis(cfg.poll_interval_ms);
+        let ttr = Duration::from_millis(cfg.ttr_ms);
+        let settler = self.settler();
+        let mut redis_backoff = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            let step = async {
+                self.update_plan(plan, poll, Serves::Webhooks).await?;
+                let now = self.clock.now();
+                let mut due = plan.due(now);
+                plan.turn = plan.turn.wrapping_add(1);
+                if !due.is_empty() {
+                    let start = plan.turn % due.len();
+                    due.rotate_left(start);
+                }
+                let (hooks, full) = self.split_by_target(due);
+                if hooks.is_empty() {
+                    // Nothing due, or only topics of targets without a free slot: sleep
+                    // until a slot frees, a hint, or the next topic that can be served.
+                    self.nap(plan, now, poll, &full, &shutdown).await;
+                    return Ok(());
+                }
+                self.reserve_for_webhooks(plan, hooks, ttr, &settler).await
+            };
+            match step.await {
+                Ok(()) => redis_backoff = Duration::from_millis(100),
+                Err(err) => {
+                    tracing::warn!(error = %err, retry_in = ?redis_backoff, "redis unavailable; webhook dispatch waits");
+                    sleep_or_shutdown(redis_backoff, &shutdown).await;
+                    redis_backoff = (redis_backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        let grace = Duration::from_millis(cfg.shutdown_grace_ms);
+        if !self.webhooks.drain(grace).await {
+            tracing::warn!(
+                ?grace,
+                "webhook requests still running at the end of the grace period; those jobs stay reserved and are requeued after their time-to-run"
+            );
+        }
+    }
+
+    /// Whether this loop plans `topic`: the AMQP loop every topic no target serves, the
+    /// webhook loop the others.
+    fn mine(&self, serves: Serves, topic: &Topic) -> bool {
+        (self.webhooks.route(topic) == Route::Amqp) == (serves == Serves::Amqp)
+    }
+
     /// The dispatch loop, one named step per line: wait out a broker block, bring the
     /// plan up to date, nap until something is due, then reserve and publish the due
     /// topics a group at a time within the confirm window.
+    #[allow(clippy::too_many_arguments)]
     async fn dispatch_loop(
         &self,
         plan: &mut Plan,
@@ -183,6 +265,7 @@ impl Dispatcher {
         mut blocked: watch::Receiver<bool>,
         window: &Arc<Semaphore>,
         in_flight: &mpsc::UnboundedSender<InFlight>,
+        settler: &Settler,
         shutdown: &CancellationToken,
     ) -> Result<(), AmqpError> {
         let cfg = &self.config.dispatch;
@@ -196,7 +279,7 @@ impl Dispatcher {
                 }
                 continue;
             }
-            if let Err(err) = self.update_plan(plan, poll).await {
+            if let Err(err) = self.update_plan(plan, poll, Serves::Amqp).await {
                 tracing::warn!(error = %err, retry_in = ?redis_backoff, "redis unavailable; dispatch waits");
                 sleep_or_shutdown(redis_backoff, shutdown).await;
                 redis_backoff = (redis_backoff * 2).min(Duration::from_secs(5));
@@ -206,7 +289,7 @@ impl Dispatcher {
             let now = self.clock.now();
             let mut due = plan.due(now);
             if due.is_empty() {
-                if !self.nap(plan, now, poll, shutdown).await {
+                if !self.nap(plan, now, poll, &HashSet::new(), shutdown).await {
                     break;
                 }
                 continue;
@@ -238,7 +321,7 @@ impl Dispatcher {
                 };
                 redis_backoff = Duration::from_millis(100);
                 if !self
-                    .publish_reserved(channel, reserved, first_permit, window, in_flight)
+                    .publish_reserved(channel, reserved, first_permit, window, in_flight, settler)
                     .await?
                 {
                     return Ok(());
@@ -255,37 +338,115 @@ impl Dispatcher {
         &self,
         plan: &mut Plan,
         poll: Duration,
+        serves: Serves,
     ) -> Result<(), crate::store::StoreError> {
         for (topic, due) in self.hints.take_hints() {
-            plan.hinted(topic, due);
+            if self.mine(serves, &topic) {
+                plan.hinted(topic, due);
+            }
         }
         let full = self.hints.take_rescan() || plan.last_rescan.is_none();
         let rescan_due = plan.last_rescan.is_none_or(|at| at.elapsed() >= poll);
         if full || rescan_due {
-            self.rescan(plan, full).await?;
+            self.rescan(plan, full, serves).await?;
         }
         Ok(())
     }
 
-    /// Sleeps until the earliest planned due time (at most one poll interval) or a
-    /// hint; `false` on shutdown.
+    /// Sleeps until the earliest planned due time of a topic not in `full` (at most
+    /// one poll interval), a hint, or a webhook slot freed; `false` on shutdown.
     async fn nap(
         &self,
         plan: &Plan,
         now: i64,
         poll: Duration,
+        full: &HashSet<Topic>,
         shutdown: &CancellationToken,
     ) -> bool {
         let nap = plan
-            .earliest()
+            .earliest_except(full)
             .map(|d| Duration::from_millis(u64::try_from(d - now).unwrap_or(0)))
             .unwrap_or(poll)
             .min(poll);
         tokio::select! {
             _ = shutdown.cancelled() => false,
             _ = self.hints.notified() => true,
+            _ = self.webhooks.room_freed(), if !full.is_empty() => true,
             _ = tokio::time::sleep(nap) => true,
         }
+    }
+
+    /// Groups due webhook topics by target, each target's list cut to its free slots;
+    /// also returns the topics left out for want of a slot (served again once a
+    /// request ends).
+    fn split_by_target(&self, due: Vec<Topic>) -> (Vec<(usize, Vec<Topic>)>, HashSet<Topic>) {
+        let mut hooks: Vec<(usize, Vec<Topic>)> = Vec::new();
+        let mut full = HashSet::new();
+        for topic in due {
+            match self.webhooks.route(&topic) {
+                Route::Amqp => {}
+                Route::Webhook(index) => {
+                    let room = self.webhooks.room(index);
+                    match hooks.iter_mut().find(|(i, _)| *i == index) {
+                        Some((_, topics)) if topics.len() < room => topics.push(topic),
+                        None if room > 0 => hooks.push((index, vec![topic])),
+                        _ => {
+                            full.insert(topic);
+                        }
+                    }
+                }
+            }
+        }
+        (hooks, full)
+    }
+
+    /// Reserves, per target, at most its free slots' worth of jobs over its due
+    /// topics, and starts POSTing each at once.
+    async fn reserve_for_webhooks(
+        &self,
+        plan: &mut Plan,
+        hooks: Vec<(usize, Vec<Topic>)>,
+        ttr: Duration,
+        settler: &Settler,
+    ) -> Result<(), crate::store::StoreError> {
+        for (index, topics) in hooks {
+            let room = self.webhooks.room(index);
+            if room == 0 {
+                continue;
+            }
+            let each = (room / topics.len()).clamp(1, self.config.dispatch.batch);
+            for group in topics.chunks(RESERVE_GROUP) {
+                for (topic, jobs) in self.reserve_group(plan, group, ttr, each).await? {
+                    for job in jobs {
+                        match sink::ticket(&topic, &job) {
+                            Err((lease, reason)) => {
+                                tracing::error!(%topic, id = %job.id, %reason, "series not delivered");
+                                settler
+                                    .fail(
+                                        &lease,
+                                        settler.retry_delay(job.attempt),
+                                        "error",
+                                        &reason,
+                                    )
+                                    .await;
+                            }
+                            Ok(ticket) => {
+                                let lease = ticket.lease.clone();
+                                if self
+                                    .webhooks
+                                    .send(index, &topic, job, ticket, settler)
+                                    .is_err()
+                                {
+                                    // Not expected: only this loop takes slots. Due again now.
+                                    let _ = self.store.retry(&lease, Duration::ZERO).await;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Reserves up to `each` jobs of every topic of `group` in one round trip and
@@ -330,6 +491,7 @@ impl Dispatcher {
         first_permit: tokio::sync::OwnedSemaphorePermit,
         window: &Arc<Semaphore>,
         in_flight: &mpsc::UnboundedSender<InFlight>,
+        settler: &Settler,
     ) -> Result<bool, AmqpError> {
         let mut first_permit = Some(first_permit);
         let mut topics = reserved.into_iter();
@@ -344,7 +506,7 @@ impl Dispatcher {
                     },
                 };
                 if let Err(err) = self
-                    .publish(channel, &topic, job.clone(), permit, in_flight)
+                    .publish(channel, &topic, job.clone(), permit, in_flight, settler)
                     .await
                 {
                     self.hand_back(&topic, std::iter::once(job).chain(jobs).collect(), &err)
@@ -366,28 +528,16 @@ impl Dispatcher {
         job: ReservedJob,
         permit: tokio::sync::OwnedSemaphorePermit,
         in_flight: &mpsc::UnboundedSender<InFlight>,
+        settler: &Settler,
     ) -> Result<(), AmqpError> {
-        let lease = Lease {
-            topic: topic.clone(),
-            id: job.id.clone(),
-            token: job.token,
-        };
-        // A series occurrence is only published if its next occurrence can be computed
-        // at release; a spec in another client's convention is a failure on the job.
-        let schedule = match job.spec.as_deref().map(Schedule::from_spec) {
-            None => None,
-            Some(Ok(schedule)) => Some(schedule),
-            Some(Err(err)) => {
+        let ticket: Ticket = match sink::ticket(topic, &job) {
+            Ok(ticket) => ticket,
+            Err((lease, reason)) => {
                 drop(permit);
-                let reason = format!("unreadable schedule spec: {err}");
                 tracing::error!(%topic, id = %job.id, %reason, "series not delivered");
-                self.record_failure(
-                    &lease,
-                    retry_delay(&self.config, job.attempt),
-                    "error",
-                    &reason,
-                )
-                .await;
+                settler
+                    .fail(&lease, settler.retry_delay(job.attempt), "error", &reason)
+                    .await;
                 return Ok(());
             }
         };
@@ -410,10 +560,7 @@ impl Dispatcher {
             .await?;
         self.metrics.publishes_in_flight.inc();
         let flight = InFlight {
-            lease,
-            schedule,
-            due_at: job.due_at,
-            attempt: job.attempt,
+            ticket,
             confirm,
             permit,
         };
@@ -426,35 +573,27 @@ impl Dispatcher {
     /// again now, the failure recorded on each (it counts towards `max_attempts`).
     async fn hand_back(&self, topic: &Topic, jobs: Vec<ReservedJob>, error: &AmqpError) {
         let reason = format!("channel error: {error}");
+        let settler = self.settler();
         for job in jobs {
-            let lease = Lease {
+            let lease = crate::store::Lease {
                 topic: topic.clone(),
                 id: job.id,
                 token: job.token,
             };
-            self.record_failure(&lease, Duration::ZERO, "error", &reason)
-                .await;
+            settler.fail(&lease, Duration::ZERO, "error", &reason).await;
         }
-    }
-
-    async fn record_failure(&self, lease: &Lease, delay: Duration, kind: &str, reason: &str) {
-        record_failure(
-            &self.store,
-            &self.config,
-            &self.metrics,
-            lease,
-            delay,
-            kind,
-            reason,
-        )
-        .await;
     }
 
     /// Re-reads the earliest due time of the next [`RESCAN_CHUNK`] known topics, or of
     /// all of them when `full`. Hints (in-process and Pub/Sub) keep the plan current;
     /// this safety net only catches what they missed, so with T topics a missed hint
     /// is found within T / RESCAN_CHUNK poll intervals.
-    async fn rescan(&self, plan: &mut Plan, full: bool) -> Result<(), crate::store::StoreError> {
+    async fn rescan(
+        &self,
+        plan: &mut Plan,
+        full: bool,
+        serves: Serves,
+    ) -> Result<(), crate::store::StoreError> {
         let now = self.store.server_time().await?;
         self.clock.observe(now);
         if full {
@@ -463,7 +602,8 @@ impl Dispatcher {
             plan.paused.clear();
         }
         loop {
-            let (next, topics) = self.store.scan_topics(plan.cursor, RESCAN_CHUNK).await?;
+            let (next, mut topics) = self.store.scan_topics(plan.cursor, RESCAN_CHUNK).await?;
+            topics.retain(|topic| self.mine(serves, topic));
             let heads = self.store.next_due_times(&topics).await?;
             for (topic, head) in topics.into_iter().zip(heads) {
                 plan.rescanned(&topic, head);
@@ -523,38 +663,6 @@ fn watch_blocked(connection: &Connection, shutdown: CancellationToken) -> watch:
         }
     });
     rx
-}
-
-/// Hands a job whose publish failed back to the store with `reason` (shown as its
-/// `last_error`); parks it once its failures reach `dispatch.max_attempts` (0 = never).
-/// `kind` labels the retry metric (`nack`, `unroutable`, `error`).
-pub(crate) async fn record_failure(
-    store: &Store,
-    config: &Config,
-    metrics: &Metrics,
-    lease: &Lease,
-    delay: Duration,
-    kind: &str,
-    reason: &str,
-) {
-    metrics.retry(kind);
-    let max_attempts = config.dispatch.max_attempts;
-    match store.retry_failed(lease, delay, reason, max_attempts).await {
-        Ok(RetryOutcome::Parked) => tracing::warn!(
-            topic = %lease.topic, id = %lease.id, %reason, max_attempts,
-            "job parked after too many failed publishes; re-drive it once the cause is fixed"
-        ),
-        Ok(RetryOutcome::Retried | RetryOutcome::Stale) => {}
-        Err(err) => tracing::warn!(topic = %lease.topic, id = %lease.id, error = %err,
-            "could not hand back a job whose publish failed; it is requeued after its time-to-run"),
-    }
-}
-
-/// Delay before retrying a job the broker refused: doubles per attempt, capped.
-pub fn retry_delay(config: &Config, attempt: u32) -> Duration {
-    let min = config.dispatch.retry_min_ms;
-    let factor = 1u64 << attempt.saturating_sub(1).min(20);
-    Duration::from_millis(min.saturating_mul(factor).min(config.dispatch.retry_max_ms))
 }
 
 #[cfg(test)]

@@ -35,7 +35,9 @@ const MAX_AT_DIGITS: usize = 16;
 /// `GET /v1/topics`: every known topic with its counts.
 pub(super) async fn topics(State(state): State<AppState>) -> Result<Json<TopicsView>, ApiError> {
     let rows = super::ops::topic_stats(&state).await?;
-    Ok(Json(TopicsView::new(&rows)))
+    Ok(Json(
+        TopicsView::new(&rows).with_targets(&state.config.targets),
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -104,6 +106,8 @@ pub(super) struct PutQuery {
     every: Option<String>,
     cron: Option<String>,
     tz: Option<String>,
+    /// The job's own URL (a webhook target's `allowed_url_prefixes`).
+    url: Option<String>,
 }
 
 /// `PUT /v1/topics/{topic}/jobs/{id}?delay_ms=|at=&mode=replace`: the raw body is the job;
@@ -128,19 +132,26 @@ pub(super) async fn put_job(
                 q.tz.as_deref(),
                 explicit.then_some(due),
             )?;
-            Ok((put_mode(&q)?, due, recurrence))
+            Ok((put_mode(&q)?, due, recurrence, q.url))
         });
-    let (mode, due, recurrence) = match parsed {
+    let (mode, due, recurrence, url) = match parsed {
         Ok(parsed) => parsed,
         Err(err) => return finish_put(&state, &topic, &id, PutMode::Keep, Err(err)),
     };
     let result = async {
         let topic = parse_topic(&topic)?;
         let id = parse_id(&id)?;
+        if let Some(url) = &url {
+            url::Url::parse(url)
+                .map_err(|e| ApiError::bad_request(format!("url: {url:?} is not a URL ({e})")))?;
+            crate::targets::check_job_url_for(&state.config.targets, topic.as_str(), url)
+                .map_err(|reason| ApiError::url_not_allowed(format!("url: {reason}")))?;
+        }
+        let meta = crate::webhook::meta_with_url(url.as_deref());
         let body = read_body(body, state.store.limits().max_body_bytes).await?;
         match recurrence {
-            Some(recurrence) => recurrence.put(&state, topic, id, body, mode).await,
-            None => put(&state, topic, id, body, due, mode).await,
+            Some(recurrence) => recurrence.put(&state, topic, id, body, meta, mode).await,
+            None => put(&state, topic, id, body, meta, due, mode).await,
         }
     }
     .await;
@@ -161,6 +172,7 @@ pub(super) async fn put(
     topic: Topic,
     id: JobId,
     body: Vec<u8>,
+    meta: Vec<u8>,
     due: Due,
     mode: PutMode,
 ) -> Result<(PutOutcome, usize), ApiError> {
@@ -169,7 +181,7 @@ pub(super) async fn put(
         topic,
         id,
         body,
-        meta: Vec::new(),
+        meta,
         due,
         mode,
     };

@@ -75,7 +75,7 @@ pub(super) async fn schedule(
             Value::String(text) => text.into_bytes(),
             other => other.to_string().into_bytes(),
         };
-        put(&state, topic, id, body, due, mode).await
+        put(&state, topic, id, body, Vec::new(), due, mode).await
     }
     .await;
     let id = id.unwrap_or_default();

@@ -55,6 +55,15 @@ impl ApiError {
         }
     }
 
+    /// A job URL the configuration does not allow (no webhook target for the topic, or
+    /// not under its `allowed_url_prefixes`): well-formed, refused by the SSRF rule.
+    pub fn url_not_allowed(message: impl Into<String>) -> Self {
+        Self {
+            code: Some("url_not_allowed"),
+            ..Self::new(StatusCode::UNPROCESSABLE_ENTITY, message)
+        }
+    }
+
     /// The outcome label for `redisched_commands` and the event feed.
     pub fn outcome(&self) -> &'static str {
         match self.status {

@@ -178,6 +178,7 @@ impl Recurrence {
         topic: Topic,
         id: JobId,
         body: Vec<u8>,
+        meta: Vec<u8>,
         mode: PutMode,
     ) -> Result<(PutOutcome, usize), ApiError> {
         let now = state.store.server_time().await?;
@@ -194,7 +195,7 @@ impl Recurrence {
             topic,
             id,
             body,
-            meta: Vec::new(),
+            meta,
             due,
             mode,
         };

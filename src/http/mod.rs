@@ -17,6 +17,7 @@ mod features;
 mod ops;
 mod params;
 mod rate;
+mod targets;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -67,6 +68,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/events", get(ops::events))
         .route("/v1/topics", get(api::topics))
+        .route("/v1/targets", get(targets::targets))
         .route(
             "/v1/topics/{topic}/jobs",
             get(api::list_jobs).delete(cancel::delete_in_topic),

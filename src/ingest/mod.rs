@@ -21,6 +21,7 @@
 //! safe for the same reason two batches may be in flight: they name disjoint jobs.
 
 mod decode;
+mod job_url;
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -394,8 +395,11 @@ impl Ingest {
             limits: self.store.limits(),
             min_interval_ms: self.config.limits.min_interval_ms,
         };
-        let decoded: Vec<Result<Decoded, Invalid>> =
-            batch.iter().map(|d| decode(d, rules)).collect();
+        let targets = &self.config.targets;
+        let decoded: Vec<Result<Decoded, Invalid>> = batch
+            .iter()
+            .map(|d| decode(d, rules).and_then(|c| job_url::check(c, &d.properties, targets)))
+            .collect();
         // A cron series' first occurrence is computed on the Redis server's clock, the
         // one every due time refers to: one TIME call for a batch that has any.
         let needs_now = decoded

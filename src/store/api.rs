@@ -13,7 +13,7 @@ use super::error::Rejection;
 use super::reply::{optional_time, Reader};
 use super::scripts::Scripts;
 use super::types::{
-    Applied, Batch, Command, Delivered, JobInfo, JobState, LastError, Lease, Op, PutOutcome,
+    Applied, Batch, Command, Delivered, JobInfo, JobState, LastError, Lease, Noted, Op, PutOutcome,
     PutRequest, PutStatus, Releasable, Requeued, ReservedJob, ScheduleSpec, StoreCommand,
     TopicStats, MAX_BATCH,
 };
@@ -331,6 +331,11 @@ impl Store {
         self.release_any(delivered).await
     }
 
+    /// [`Store::release_delivered`] with a note on each `dispatched` history entry.
+    pub async fn release_noted(&self, delivered: &[Noted]) -> Result<u64, StoreError> {
+        self.release_any(delivered).await
+    }
+
     async fn release_any<R: Releasable>(&self, leases: &[R]) -> Result<u64, StoreError> {
         let mut by_topic: BTreeMap<&Topic, Vec<&R>> = BTreeMap::new();
         for item in leases {
@@ -376,9 +381,14 @@ impl Store {
         let mut call = Scripts::call(&self.exec.scripts().release, topic, &self.keys);
         for item in items {
             let lease = item.lease();
-            call = call
-                .arg(lease.id.as_str())
-                .arg(item.next_due().lease_arg(lease.token));
+            call = call.arg(lease.id.as_str()).arg(match item.note() {
+                None => item.next_due().lease_arg(lease.token),
+                Some(note) => format!(
+                    "{};{}",
+                    item.next_due().lease_arg(lease.token),
+                    short_note(note)
+                ),
+            });
         }
         // An odd argument count: the last one is history_max.
         call.arg(self.history_max)
@@ -611,6 +621,15 @@ fn released(reply: redis::RedisResult<Value>) -> Result<Result<u64, Rejection>, 
             other => Err(other),
         },
     }
+}
+
+/// A release note cut to what `release.lua` takes (100 bytes, on a char boundary).
+fn short_note(note: &str) -> &str {
+    let mut end = note.len().min(100);
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    &note[..end]
 }
 
 /// The job stays reserved, so it is delivered again after its time-to-run.

@@ -37,6 +37,8 @@ pub struct DueHints {
     hints: Mutex<HashMap<Topic, i64>>,
     rescan: AtomicBool,
     notify: Notify,
+    /// Boards that get a copy of every hint and rescan request ([`DueHints::tee`]).
+    copies: Mutex<Vec<Arc<DueHints>>>,
 }
 
 impl DueHints {
@@ -44,8 +46,27 @@ impl DueHints {
         Self::default()
     }
 
+    /// A second board fed with everything this one gets from now on, for a second
+    /// dispatcher (webhook targets run their own loop, independent of the broker).
+    pub fn tee(&self) -> Arc<DueHints> {
+        let copy = Arc::new(DueHints::new());
+        if let Ok(mut copies) = self.copies.lock() {
+            copies.push(copy.clone());
+        }
+        copy
+    }
+
+    fn for_copies(&self, each: impl Fn(&DueHints)) {
+        if let Ok(copies) = self.copies.lock() {
+            for copy in copies.iter() {
+                each(copy);
+            }
+        }
+    }
+
     /// `topic` has a job due at `due_at` (server epoch ms).
     pub fn hint(&self, topic: &Topic, due_at: i64) {
+        self.for_copies(|copy| copy.hint(topic, due_at));
         if let Ok(mut hints) = self.hints.lock() {
             hints
                 .entry(topic.clone())
@@ -58,6 +79,7 @@ impl DueHints {
     /// Hints may have been missed (the subscription reconnected): look at every topic
     /// again.
     pub fn request_rescan(&self) {
+        self.for_copies(DueHints::request_rescan);
         self.rescan.store(true, Ordering::Release);
         self.notify.notify_one();
     }

@@ -369,6 +369,10 @@ pub(crate) trait Releasable {
     fn next_due(&self) -> NextDue {
         NextDue::OneShot
     }
+    /// A note for the `dispatched` history entry (`release.lua`'s `;<note>`).
+    fn note(&self) -> Option<&str> {
+        None
+    }
 }
 
 impl Releasable for Lease {
@@ -390,6 +394,26 @@ impl Releasable for Delivered {
     }
     fn next_due(&self) -> NextDue {
         self.next_due
+    }
+}
+
+/// A delivered job with a note for its `dispatched` history entry (a webhook's
+/// `HTTP 200`); at most 100 bytes, longer is cut.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Noted {
+    pub delivered: Delivered,
+    pub note: String,
+}
+
+impl Releasable for Noted {
+    fn lease(&self) -> &Lease {
+        &self.delivered.lease
+    }
+    fn next_due(&self) -> NextDue {
+        self.delivered.next_due
+    }
+    fn note(&self) -> Option<&str> {
+        Some(self.note.as_str()).filter(|n| !n.is_empty())
     }
 }
 

@@ -112,3 +112,4 @@ pub fn raw_redis() -> redis::Connection {
 pub mod bridge;
 pub mod cluster;
 pub mod faults;
+pub mod receiver;

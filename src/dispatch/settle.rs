@@ -1,0 +1,169 @@
+//! Settling a delivery attempt, whatever the sink: a delivered job is released (a
+//! one-shot deleted, a series moved to its next occurrence, token-fenced), a failed one
+//! handed back with backoff and parked at `dispatch.max_attempts`. Sinks (the AMQP
+//! publisher, webhook targets) only report outcomes here; they never touch the store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::ServerClock;
+use crate::config::Config;
+use crate::feed::{Event, Feed};
+use crate::metrics::Metrics;
+use crate::schedule::Schedule;
+use crate::store::{Delivered, DueHints, Lease, NextDue, Noted, RetryOutcome, Store};
+
+/// One reserved job on its way through a sink: what settling it needs.
+#[derive(Debug, Clone)]
+pub(crate) struct Ticket {
+    pub lease: Lease,
+    /// A series occurrence: released with its next occurrence.
+    pub schedule: Option<Schedule>,
+    pub due_at: i64,
+    pub attempt: u32,
+    /// For the `dispatched` history entry (a webhook's `HTTP 200`); empty for AMQP.
+    pub note: String,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Settler {
+    pub store: Store,
+    pub config: Arc<Config>,
+    pub metrics: Arc<Metrics>,
+    pub feed: Feed,
+    pub clock: Arc<ServerClock>,
+    /// The board of the loop this settles for: a series moved to its next occurrence is
+    /// hinted there.
+    pub hints: Arc<DueHints>,
+}
+
+impl Settler {
+    /// Releases delivered jobs in Redis: deletes one-shot jobs, moves each series to
+    /// its next occurrence (the first one strictly after both now and the delivered
+    /// occurrence: occurrences missed while no bridge ran collapse into the one just
+    /// delivered). While Redis is unreachable this keeps trying, and the caller keeps
+    /// its in-flight permits, so dispatch pauses rather than piling up work.
+    pub(crate) async fn release(&self, done: &[Ticket]) {
+        if done.is_empty() {
+            return;
+        }
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            // The server's clock as last read (it can only lag it): a next occurrence a
+            // hair in the past is simply due at once, never early. Read again on each
+            // try, so a long Redis outage does not schedule occurrences in the past.
+            let leases = delivered(done, self.clock.now());
+            match self.store.release_noted(&leases).await {
+                Ok(released) => {
+                    if (released as usize) < leases.len() {
+                        tracing::debug!(
+                            stale = leases.len() - released as usize,
+                            "some delivered jobs were replaced, deleted or requeued meanwhile"
+                        );
+                    }
+                    hint_next_occurrences(&self.hints, &leases);
+                    break;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, retry_in = ?backoff, "cannot release delivered jobs yet");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        let now = self.clock.now();
+        for done in done {
+            let lateness_ms = (now - done.due_at).max(0);
+            self.metrics.jobs_dispatched.inc();
+            self.metrics.lateness.observe(lateness_ms as f64 / 1000.0);
+            self.feed.send_with(|| Event::Dispatched {
+                topic: done.lease.topic.to_string(),
+                id: done.lease.id.clone(),
+                due_at: done.due_at,
+                attempt: done.attempt,
+                at: now,
+                lateness_ms,
+            });
+        }
+    }
+
+    /// Hands a job whose delivery failed back to the store with `reason` (shown as its
+    /// `last_error`), due again after `delay`; parks it once its failures reach
+    /// `dispatch.max_attempts` (0 = never). `kind` labels the retry metric (`nack`,
+    /// `unroutable`, `error`, `webhook`).
+    pub(crate) async fn fail(&self, lease: &Lease, delay: Duration, kind: &str, reason: &str) {
+        self.metrics.retry(kind);
+        let max_attempts = self.config.dispatch.max_attempts;
+        match self
+            .store
+            .retry_failed(lease, delay, reason, max_attempts)
+            .await
+        {
+            Ok(RetryOutcome::Parked) => tracing::warn!(
+                topic = %lease.topic, id = %lease.id, %reason, max_attempts,
+                "job parked after too many failed deliveries; re-drive it once the cause is fixed"
+            ),
+            // Due again after `delay`: wake for it then, as for a series' next occurrence,
+            // instead of waiting for the rescan (the estimate can only be early by the
+            // round trip, which costs one empty reserve).
+            Ok(RetryOutcome::Retried) => {
+                let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+                self.hints
+                    .hint(&lease.topic, self.clock.now().saturating_add(delay_ms));
+            }
+            Ok(RetryOutcome::Stale) => {}
+            Err(err) => tracing::warn!(topic = %lease.topic, id = %lease.id, error = %err,
+                "could not hand back a job whose delivery failed; it is requeued after its time-to-run"),
+        }
+    }
+
+    /// The backoff before attempt `attempt + 1`.
+    pub(crate) fn retry_delay(&self, attempt: u32) -> Duration {
+        retry_delay(&self.config, attempt)
+    }
+}
+
+/// Delay before retrying a job whose delivery failed: doubles per attempt, capped.
+pub fn retry_delay(config: &Config, attempt: u32) -> Duration {
+    let min = config.dispatch.retry_min_ms;
+    let factor = 1u64 << attempt.saturating_sub(1).min(20);
+    Duration::from_millis(min.saturating_mul(factor).min(config.dispatch.retry_max_ms))
+}
+
+/// Tells the dispatcher when each released series is due next. The plan learned the
+/// topic's next due time from the reserve reply, taken while the series was reserved
+/// and so blind to it, and `release.lua` publishes nothing: without this hint the next
+/// occurrence would wait for the rescan (`dispatch.poll_interval_ms`). Posted after the
+/// release returned, so any reserve the hint leads to runs after the move. A stale
+/// lease (nothing moved) costs at most one empty reserve.
+fn hint_next_occurrences(hints: &DueHints, released: &[Noted]) {
+    for noted in released {
+        if let NextDue::At(next) = noted.delivered.next_due {
+            hints.hint(&noted.delivered.lease.topic, next);
+        }
+    }
+}
+
+/// What releasing each delivered job does at `now`: delete a one-shot job, move a
+/// series to its next occurrence, or end a series that has none.
+fn delivered(done: &[Ticket], now: i64) -> Vec<Noted> {
+    done.iter()
+        .map(|a| Noted {
+            note: a.note.clone(),
+            delivered: Delivered {
+                lease: a.lease.clone(),
+                next_due: match &a.schedule {
+                    None => NextDue::OneShot,
+                    Some(schedule) => match schedule.next_occurrence(a.due_at, now) {
+                        Some(next) => NextDue::At(next),
+                        None => {
+                            tracing::warn!(topic = %a.lease.topic, id = %a.lease.id, %schedule,
+                            "series has no further occurrence; it ends");
+                            NextDue::End
+                        }
+                    },
+                },
+            },
+        })
+        .collect()
+}

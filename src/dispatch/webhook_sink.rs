@@ -1,0 +1,178 @@
+//! The webhook sink: each target has its own in-flight cap (`max_in_flight`), and
+//! dispatch reserves for a target's topics only as many jobs as it has free slots, so a
+//! reserved job is POSTed at once (never queued towards its time-to-run), and a slow or
+//! dead target holds only its own slots, never the AMQP confirm window or another
+//! target's.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio_util::task::TaskTracker;
+
+use super::settle::{Settler, Ticket};
+use super::sink::Route;
+use crate::amqp::decode_meta;
+use crate::config::Config;
+use crate::job::Topic;
+use crate::store::ReservedJob;
+use crate::webhook::{Client, Outgoing};
+
+#[derive(Debug)]
+struct Target {
+    client: Client,
+    slots: Arc<Semaphore>,
+}
+
+/// Every configured target, shared by the dispatch sessions of one bridge.
+#[derive(Debug)]
+pub struct WebhookSinks {
+    targets: Vec<Target>,
+    /// Signalled whenever a request ends and frees a slot.
+    room: Arc<Notify>,
+    tasks: TaskTracker,
+}
+
+impl WebhookSinks {
+    /// One client per `[[targets]]` entry; `Err` names the target (a CA file that
+    /// cannot be read, say).
+    pub fn new(config: &Config) -> Result<Self, String> {
+        let targets = config
+            .targets
+            .iter()
+            .map(|t| {
+                Ok(Target {
+                    slots: Arc::new(Semaphore::new(t.max_in_flight)),
+                    client: Client::new(t.clone())?,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Self {
+            targets,
+            room: Arc::new(Notify::new()),
+            tasks: TaskTracker::new(),
+        })
+    }
+
+    pub(crate) fn route(&self, topic: &Topic) -> Route {
+        self.targets
+            .iter()
+            .position(|t| t.client.target.serves(topic.as_str()))
+            .map_or(Route::Amqp, Route::Webhook)
+    }
+
+    /// Free slots of target `index`.
+    pub(crate) fn room(&self, index: usize) -> usize {
+        self.targets
+            .get(index)
+            .map_or(0, |t| t.slots.available_permits())
+    }
+
+    /// Waits until some request ends (a permit is stored if none was waiting, so a
+    /// slot freed just before the wait is not missed).
+    pub(crate) async fn room_freed(&self) {
+        self.room.notified().await;
+    }
+
+    /// Starts POSTing a reserved job of a target with a free slot; `Err` gives the job
+    /// back when there is none (the caller reserved more than [`Self::room`]).
+    pub(crate) fn send(
+        &self,
+        index: usize,
+        topic: &Topic,
+        job: ReservedJob,
+        ticket: Ticket,
+        settler: &Settler,
+    ) -> Result<(), ReservedJob> {
+        let Some(target) = self.targets.get(index) else {
+            return Err(job);
+        };
+        let Ok(slot) = target.slots.clone().try_acquire_owned() else {
+            return Err(job);
+        };
+        let delivery = Delivery {
+            client: target.client.clone(),
+            topic: topic.clone(),
+            job,
+            ticket,
+            settler: settler.clone(),
+            room: self.room.clone(),
+        };
+        self.tasks.spawn(delivery.run(slot));
+        Ok(())
+    }
+
+    /// Waits up to `grace` for requests in flight (shutdown); those still running are
+    /// left to their time-to-run.
+    pub async fn drain(&self, grace: Duration) -> bool {
+        self.tasks.close();
+        let done = tokio::time::timeout(grace, self.tasks.wait()).await.is_ok();
+        self.tasks.reopen();
+        done
+    }
+}
+
+struct Delivery {
+    client: Client,
+    topic: Topic,
+    job: ReservedJob,
+    ticket: Ticket,
+    settler: Settler,
+    room: Arc<Notify>,
+}
+
+impl Delivery {
+    async fn run(self, slot: OwnedSemaphorePermit) {
+        let name = self.client.target.name.clone();
+        let webhooks = &self.settler.metrics.webhooks;
+        let props = decode_meta(&self.job.meta).unwrap_or_else(|err| {
+            tracing::warn!(topic = %self.topic, id = %self.job.id, %err, "job metadata unreadable; delivering without it");
+            Default::default()
+        });
+        let outgoing = Outgoing {
+            topic: self.topic.as_str(),
+            id: &self.job.id,
+            due_at: self.job.due_at,
+            attempt: self.job.attempt,
+            body: &self.job.body,
+            props: &props,
+        };
+        webhooks.started(&name);
+        let (result, took) = self.client.post(&outgoing).await;
+        let seconds = took.as_secs_f64();
+        match result {
+            Ok(delivered) => {
+                webhooks.finished(&name, "2xx", delivered.status.to_string(), None, seconds);
+                let ticket = Ticket {
+                    note: format!("HTTP {}", delivered.status),
+                    ..self.ticket.clone()
+                };
+                self.settler.release(std::slice::from_ref(&ticket)).await;
+            }
+            Err(failure) => {
+                let status = failure
+                    .status
+                    .map_or_else(|| failure.code.to_owned(), |s| s.to_string());
+                webhooks.finished(
+                    &name,
+                    failure.code,
+                    status,
+                    Some(failure.reason.clone()),
+                    seconds,
+                );
+                tracing::debug!(target = %name, topic = %self.topic, id = %self.job.id, reason = %failure.reason, "webhook delivery failed; retried");
+                let cap = Duration::from_millis(self.settler.config.dispatch.retry_max_ms);
+                // `Retry-After` says "not before": never earlier than the backoff either.
+                let delay = self
+                    .settler
+                    .retry_delay(self.job.attempt)
+                    .max(failure.retry_after.map_or(Duration::ZERO, |d| d.min(cap)));
+                self.settler
+                    .fail(&self.ticket.lease, delay, "webhook", &failure.reason)
+                    .await;
+            }
+        }
+        drop(slot);
+        self.room.notify_one();
+    }
+}

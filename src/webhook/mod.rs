@@ -1,0 +1,441 @@
+//! The webhook transport: one HTTP client per target, the request a due job becomes
+//! (headers, body, Standard Webhooks signature) and what the answer means. It knows
+//! nothing of Redis or of dispatch: the sink in `dispatch/webhook_sink.rs` reserves,
+//! calls [`Client::post`] and reports the outcome to the settle module.
+
+mod sign;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use lapin::protocol::basic::AMQPProperties;
+use lapin::types::AMQPValue;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+
+use crate::amqp::headers;
+use crate::targets::{BodyMode, TargetConfig};
+pub use sign::{signature, webhook_id};
+
+/// The request header carrying the job's own URL (`allowed_url_prefixes`).
+pub const URL_HEADER: &str = headers::URL;
+/// The prefix of forwarded AMQP headers (`forward_headers = true`).
+pub const FORWARDED_PREFIX: &str = "x-redisched-header-";
+/// How much of a 2xx answer's body is read (and dropped) to keep the connection.
+const SUCCESS_BODY_BYTES: usize = 64 * 1024;
+/// How much of a failed response's body `last_error` quotes.
+const ERROR_BODY_BYTES: usize = 200;
+
+/// One due job as the transport sees it.
+#[derive(Debug)]
+pub struct Outgoing<'a> {
+    pub topic: &'a str,
+    pub id: &'a str,
+    pub due_at: i64,
+    pub attempt: u32,
+    pub body: &'a [u8],
+    /// The job's stored AMQP properties (content type, forwarded headers, its URL).
+    pub props: &'a AMQPProperties,
+}
+
+/// A failed attempt: the metrics code, the `last_error` text, and a `Retry-After`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// `4xx`, `5xx`, `timeout`, `connect`, `tls` (or `3xx`, `1xx`, `url`, `error`).
+    pub code: &'static str,
+    /// The HTTP status, when there was an answer.
+    pub status: Option<u16>,
+    pub reason: String,
+    pub retry_after: Option<Duration>,
+}
+
+/// What a 2xx answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivered {
+    pub status: u16,
+}
+
+/// A target's client: pooled keep-alive connections, HTTP/2 when the server offers it
+/// (ALPN), no redirects, `HTTPS_PROXY` / `NO_PROXY` from the environment.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    pub target: Arc<TargetConfig>,
+    keys: Arc<Vec<Vec<u8>>>,
+    extra: HeaderMap,
+}
+
+impl Client {
+    pub fn new(target: TargetConfig) -> Result<Self, String> {
+        let mut builder = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_millis(target.timeout_ms))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(target.max_in_flight);
+        #[cfg(feature = "tls")]
+        {
+            let tls = crate::tls::http_tls_config(crate::tls::ca_file(&target.tls_ca_file))
+                .map_err(|e| format!("target {}: {e}", target.name))?;
+            builder = builder.use_preconfigured_tls(tls);
+        }
+        let http = builder
+            .build()
+            .map_err(|e| format!("target {}: cannot build its HTTP client: {e}", target.name))?;
+        let keys = target
+            .signing_secrets
+            .iter()
+            .map(|s| crate::targets::secret_key(s))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("target {}: {e}", target.name))?;
+        let mut extra = HeaderMap::new();
+        for (name, value) in &target.headers {
+            let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) else {
+                return Err(format!("target {}: bad header {name}", target.name));
+            };
+            extra.insert(name, value);
+        }
+        Ok(Self {
+            http,
+            target: Arc::new(target),
+            keys: Arc::new(keys),
+            extra,
+        })
+    }
+
+    /// POSTs one job and says what came of it; also returns how long it took.
+    pub async fn post(&self, job: &Outgoing<'_>) -> (Result<Delivered, Failure>, Duration) {
+        let started = Instant::now();
+        let result = self.try_post(job).await;
+        (result, started.elapsed())
+    }
+
+    async fn try_post(&self, job: &Outgoing<'_>) -> Result<Delivered, Failure> {
+        let name = &self.target.name;
+        let job_url = match job_url(job.props) {
+            Ok(url) => url,
+            Err(reason) => return Err(failure("url", reason)),
+        };
+        let url = self
+            .target
+            .url_for(job_url.as_deref())
+            .map_err(|reason| failure("url", reason))?;
+        let body = match self.target.body_mode() {
+            BodyMode::Raw => job.body.to_vec(),
+            BodyMode::Seed => seed_body(job),
+        };
+        let mut request_headers = self.extra.clone();
+        if self.target.forward_headers {
+            forward(job.props, &mut request_headers);
+        }
+        let content_type = match (self.target.body_mode(), job.props.content_type()) {
+            (BodyMode::Seed, _) => "application/json".to_owned(),
+            (BodyMode::Raw, Some(ct)) => ct.as_str().to_owned(),
+            (BodyMode::Raw, None) => "application/octet-stream".to_owned(),
+        };
+        put(&mut request_headers, CONTENT_TYPE.as_str(), &content_type);
+        put(&mut request_headers, headers::TOPIC, job.topic);
+        put(&mut request_headers, headers::ID, &header_safe(job.id));
+        put(
+            &mut request_headers,
+            headers::DUE_AT,
+            &job.due_at.to_string(),
+        );
+        put(
+            &mut request_headers,
+            headers::ATTEMPT,
+            &job.attempt.to_string(),
+        );
+        let msg_id = webhook_id(job.topic, job.id, job.due_at, job.body, job.props);
+        let timestamp = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        put(&mut request_headers, "webhook-id", &msg_id);
+        put(
+            &mut request_headers,
+            "webhook-timestamp",
+            &timestamp.to_string(),
+        );
+        if !self.keys.is_empty() {
+            let signed = signature(&self.keys, &msg_id, timestamp, &body);
+            put(&mut request_headers, "webhook-signature", &signed);
+        }
+        let response = self
+            .http
+            .post(url)
+            .headers(request_headers)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| transport_failure(name, self.target.timeout_ms, url, &e))?;
+        let status = response.status();
+        if status.is_success() {
+            // Reading a short answer to its end lets the connection go back to the pool;
+            // a long one is not worth waiting for (the job is delivered either way).
+            let mut response = response;
+            let mut read = 0;
+            while read < SUCCESS_BODY_BYTES {
+                match response.chunk().await {
+                    Ok(Some(chunk)) => read += chunk.len(),
+                    _ => break,
+                }
+            }
+            return Ok(Delivered {
+                status: status.as_u16(),
+            });
+        }
+        let retry_after = if matches!(status.as_u16(), 429 | 503) {
+            response
+                .headers()
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| parse_retry_after(v, SystemTime::now()))
+        } else {
+            None
+        };
+        let location = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        // The body only says why: a slow or huge one is cut, not awaited in full.
+        let mut text = Vec::new();
+        let mut response = response;
+        while text.len() < ERROR_BODY_BYTES {
+            match response.chunk().await {
+                Ok(Some(chunk)) => text.extend_from_slice(&chunk),
+                _ => break,
+            }
+        }
+        text.truncate(ERROR_BODY_BYTES);
+        let mut reason = format!(
+            "HTTP {} {} from {name}: {}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            String::from_utf8_lossy(&text)
+        );
+        if let (true, Some(location)) = (status.is_redirection(), location) {
+            reason = format!("{reason} (redirect to {location} not followed)");
+        }
+        Err(Failure {
+            code: status_code_class(status.as_u16()),
+            status: Some(status.as_u16()),
+            reason,
+            retry_after,
+        })
+    }
+}
+
+fn failure(code: &'static str, reason: String) -> Failure {
+    Failure {
+        code,
+        status: None,
+        reason,
+        retry_after: None,
+    }
+}
+
+fn put(map: &mut HeaderMap, name: &str, value: &str) {
+    if let (Ok(name), Ok(value)) = (
+        HeaderName::from_bytes(name.as_bytes()),
+        HeaderValue::from_str(value),
+    ) {
+        map.insert(name, value);
+    }
+}
+
+/// `2xx` .. `5xx` as the metrics label.
+fn status_code_class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// A request that got no answer, in the user's terms, naming the target.
+fn transport_failure(name: &str, timeout_ms: u64, url: &str, err: &reqwest::Error) -> Failure {
+    let chain = error_chain(err);
+    let lower = chain.to_ascii_lowercase();
+    if err.is_timeout() {
+        return failure(
+            "timeout",
+            format!(
+                "request to {name} ({}) timed out after {timeout_ms} ms (timeout_ms)",
+                redact(url)
+            ),
+        );
+    }
+    let (code, what) = if lower.contains("certificate")
+        || lower.contains("tls")
+        || lower.contains("handshake")
+        || lower.contains("unknownissuer")
+    {
+        ("tls", "TLS failed")
+    } else if err.is_connect() {
+        ("connect", "could not connect")
+    } else {
+        ("error", "failed")
+    };
+    failure(
+        code,
+        format!("request to {name} ({}) {what}: {chain}", redact(url)),
+    )
+}
+
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(inner) = source {
+        let s = inner.to_string();
+        if !text.contains(&s) {
+            text.push_str(": ");
+            text.push_str(&s);
+        }
+        source = inner.source();
+    }
+    text
+}
+
+/// A URL without its query or credentials (they may hold secrets).
+fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) => {
+            u.set_query(None);
+            let _ = u.set_password(None);
+            let _ = u.set_username("");
+            u.to_string()
+        }
+        Err(_) => "?".into(),
+    }
+}
+
+/// The stored meta of a job put through REST or the CLI with its own URL: the
+/// `x-redisched-url` header, as an AMQP producer would have sent it.
+pub fn meta_with_url(url: Option<&str>) -> Vec<u8> {
+    let Some(url) = url else {
+        return Vec::new();
+    };
+    let mut table = lapin::types::FieldTable::default();
+    table.insert(
+        URL_HEADER.into(),
+        AMQPValue::LongString(url.as_bytes().to_vec().into()),
+    );
+    crate::amqp::encode_meta(&AMQPProperties::default().with_headers(table))
+}
+
+/// `Retry-After`: delta-seconds or an HTTP date; `None` if neither.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// The job's own URL from its stored headers, if it has one.
+pub fn job_url(props: &AMQPProperties) -> Result<Option<String>, String> {
+    match props
+        .headers()
+        .as_ref()
+        .and_then(|t| t.inner().get(URL_HEADER))
+    {
+        None => Ok(None),
+        Some(AMQPValue::LongString(s)) => std::str::from_utf8(s.as_bytes())
+            .map(|s| Some(s.to_owned()))
+            .map_err(|_| format!("{URL_HEADER} is not UTF-8 text")),
+        Some(AMQPValue::ShortString(s)) => Ok(Some(s.as_str().to_owned())),
+        Some(_) => Err(format!("{URL_HEADER} must be a text header")),
+    }
+}
+
+/// The original servers' body: `{"topic","id","contents"}`, contents as text (lossy
+/// for bytes that are not UTF-8).
+fn seed_body(job: &Outgoing<'_>) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "topic": job.topic,
+        "id": job.id,
+        "contents": String::from_utf8_lossy(job.body),
+    }))
+    .unwrap_or_default()
+}
+
+/// Forwarded AMQP headers as `x-redisched-header-<name>`: text and numbers as they
+/// are; other types as JSON-ish text. The job's URL is not forwarded.
+fn forward(props: &AMQPProperties, map: &mut HeaderMap) {
+    let Some(table) = props.headers() else {
+        return;
+    };
+    for (key, value) in table.inner() {
+        if key.as_str() == URL_HEADER {
+            continue;
+        }
+        let text = match value {
+            AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+            AMQPValue::ShortString(s) => s.as_str().to_owned(),
+            AMQPValue::Boolean(b) => b.to_string(),
+            AMQPValue::ShortShortInt(n) => n.to_string(),
+            AMQPValue::ShortShortUInt(n) => n.to_string(),
+            AMQPValue::ShortInt(n) => n.to_string(),
+            AMQPValue::ShortUInt(n) => n.to_string(),
+            AMQPValue::LongInt(n) => n.to_string(),
+            AMQPValue::LongUInt(n) => n.to_string(),
+            AMQPValue::LongLongInt(n) => n.to_string(),
+            AMQPValue::Float(n) => n.to_string(),
+            AMQPValue::Double(n) => n.to_string(),
+            AMQPValue::Timestamp(n) => n.to_string(),
+            other => format!("{other:?}"),
+        };
+        let name = format!("{FORWARDED_PREFIX}{}", key.as_str().to_ascii_lowercase());
+        put(map, &name, &header_safe(&text));
+    }
+}
+
+/// Text as a header value: printable ASCII as is, anything else percent-encoded.
+pub fn header_safe(text: &str) -> String {
+    if text.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'%') {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len() * 3);
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric()
+            || b"-._~".contains(&b)
+            || ((0x20..0x7f).contains(&b) && b != b'%')
+        {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(parse_retry_after("2", now), Some(Duration::from_secs(2)));
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(
+            parse_retry_after(&later, now),
+            Some(Duration::from_secs(30))
+        );
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        assert_eq!(parse_retry_after(&past, now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("soon", now), None);
+    }
+
+    #[test]
+    fn ids_that_are_not_plain_ascii_are_percent_encoded() {
+        assert_eq!(header_safe("order-42"), "order-42");
+        assert_eq!(header_safe("größe"), "gr%C3%B6%C3%9Fe");
+        assert_eq!(header_safe("100%"), "100%25");
+    }
+}
