@@ -181,8 +181,7 @@ fn paths_in(code: &str) -> Vec<String> {
                 .find_map(|v| line.strip_prefix(v))
                 .unwrap_or(line);
             if let Some(rest) = bare.strip_prefix("use ") {
-                tree = Some(String::new());
-                tree.as_mut().map(|t| t.push_str(rest));
+                tree = Some(rest.to_string());
             }
         } else if let Some(t) = tree.as_mut() {
             t.push(' ');

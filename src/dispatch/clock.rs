@@ -43,6 +43,12 @@ impl ServerClock {
     }
 }
 
+impl Default for ServerClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,11 +68,5 @@ mod tests {
         assert!((1_000_000..1_010_000).contains(&now), "{now}");
         clock.observe(2_000_000);
         assert!(clock.now() >= 2_000_000);
-    }
-}
-
-impl Default for ServerClock {
-    fn default() -> Self {
-        Self::new()
     }
 }
