@@ -7,15 +7,15 @@ ARGV:
   1 prefix       1..256 bytes; ids starting with it are deleted (compared as bytes, so
                  glob characters in it are plain characters)
   2 cursor       '0' to start, else the cursor the previous step answered
-  3 count        optional, 1..10000 (default 500): hash entries examined by this step
+  3 count        optional, 1..10000 (default 250): hash entries examined by this step
                  (HSCAN COUNT), which bounds its work whatever the topic's size; at
-                 most 100 jobs are removed per step (see the reply's cursor)
+                 most 50 jobs are removed per step (see the reply's cursor)
   4 history_max  optional: cap of the topic's history list, default 1000, 0 = none;
                  each removal is logged as 'deleted' with detail 'prefix <prefix>'
   5 epoch        optional (9 keys): the writer's ingest epoch (see put.lua)
 Reply: { cursor, deleted, done } — the cursor to pass to the next step, how many jobs
   this step removed, and 1 when the walk is complete (else 0). A step that reached the
-  100-removal cap answers the cursor it was given (done 0), so the next step looks at
+  50-removal cap answers the cursor it was given (done 0), so the next step looks at
   the same entries again (the removed ones are gone): every step either removes a job
   or moves the cursor on.
 Errors: INVALID_ARGUMENT (keys, prefix, cursor, count, history_max, epoch), FENCED
@@ -226,7 +226,7 @@ end
 local pattern = string.gsub(prefix, '([%*%?%[%]\\])', '\\%1') .. '*'
 local step = redis.call('HSCAN', jobs, cursor, 'MATCH', pattern, 'COUNT', count)
 local found = step[2]
-local MAX_REMOVALS = 100
+local MAX_REMOVALS = 50
 local now, entries, deleted = nil, {}, 0
 local detail = 'prefix ' .. prefix
 local next_cursor, done = step[1], step[1] == '0' and 1 or 0

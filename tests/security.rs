@@ -21,7 +21,7 @@ const BRIDGE_COMMANDS: &str = "-@all +ping +time +info +evalsha +script|load \
     +sadd +smembers +sscan +zrange +subscribe \
     +hget +hset +hsetnx +hdel +hexists +hlen +hscan +zadd +zrem +zscore +zrangebyscore \
     +zcard +zcount +zscan +zrank +incr +incrby +publish +type +dump +del +set +get \
-    +lpush +ltrim +lrange +llen";
+    +lpush +ltrim +lrange +llen +hmget +pexpire +persist";
 
 /// A Redis ACL user deleted on drop.
 struct AclUser {
