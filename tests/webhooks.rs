@@ -384,7 +384,7 @@ async fn a_job_may_name_its_own_url_only_under_an_allowed_prefix() {
             "tenants",
             "outside",
             b"x",
-            &[("x-redisched-url", text("http://169.254.169.254/latest"))],
+            &[("x-redisched-url", text("http://127.0.0.1:9/latest"))],
         )
         .await;
     broker
@@ -859,7 +859,7 @@ async fn the_faces_list_targets_name_a_topics_target_and_count_requests() {
             .body("x")
             .send()
     };
-    let refused = put("http://10.0.0.1/".into()).await.unwrap();
+    let refused = put("http://127.0.0.1:9/".into()).await.unwrap();
     assert_eq!(refused.status(), 422);
     let text = refused.text().await.unwrap();
     assert!(text.contains("allowed_url_prefixes"), "{text}");
@@ -1041,7 +1041,7 @@ allowed_url_prefixes = ["http://127.0.0.1:9191/own/"]
             "j1",
             "x",
             "--url",
-            "http://169.254.169.254/",
+            "http://127.0.0.1:9/",
         ],
     );
     assert_eq!(code, 2, "refused: {err}");
