@@ -13,15 +13,10 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::bridge::*;
-use futures_util::StreamExt;
-use lapin::message::Delivery;
-use lapin::options::{BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
 use redis::Value;
 use redisched::job::{Due, JobId, PutMode, Topic};
 use redisched::policy::{Policies, Policy, RateLimit, TopicPattern};
 use redisched::store::{Op, PutRequest, RateSource};
-use tokio::sync::mpsc;
 
 // ------------------------------------------------------------------ scripts, raw
 
@@ -379,56 +374,6 @@ fn env_number(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// A consumer of every topic that stamps each delivery on arrival (before any ack).
-async fn stamping_consumer(broker: &Broker) -> mpsc::UnboundedReceiver<(i64, Delivery)> {
-    let queue = common::unique("rated");
-    let channel = broker.connection.create_channel().await.expect("channel");
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions {
-                exclusive: true,
-                auto_delete: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("declare");
-    channel
-        .queue_bind(
-            queue.as_str().into(),
-            broker.config.amqp.ready_exchange.as_str().into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("bind");
-    let mut consumer = channel
-        .basic_consume(
-            queue.as_str().into(),
-            "".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("consume");
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(Ok(delivery)) = consumer.next().await {
-            if tx.send((now_ms(), delivery)).is_err() {
-                break;
-            }
-        }
-        drop(channel);
-    });
-    rx
-}
-
 /// The most arrivals in any window `[t, t + 1 s)` that starts at an arrival in
 /// `[from, to)`, and where it starts (ms after `from`).
 fn busiest_second(arrivals: &[i64], from: i64, to: i64) -> (usize, i64) {
@@ -471,7 +416,7 @@ async fn three_bridges_share_one_limit_beside_an_unlimited_topic_through_a_chang
         store.apply(&ops).await.expect("load the backlog");
     }
     let broker = Broker::new(&config).await;
-    let mut ready = stamping_consumer(&broker).await;
+    let mut ready = broker.consume_ready_stamped("#").await;
     let mut bridges: Vec<ChildBridge> = (0..3).map(|_| ChildBridge::start(&config)).collect();
 
     // The unlimited topic: 500 jobs/s, each due 200 ms after its put.

@@ -11,10 +11,8 @@ mod common;
 use std::time::Duration;
 
 use common::bridge::*;
-use futures_util::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::AMQPValue;
 use redisched::config::Config;
 use tokio::sync::mpsc;
 
@@ -31,58 +29,6 @@ fn lateness_config(label: &str) -> Config {
     // The default safety net, as a new user runs it: wake-ups must not depend on it.
     config.dispatch.poll_interval_ms = Config::default().dispatch.poll_interval_ms;
     config
-}
-
-/// A consumer of every topic on the ready exchange that stamps each delivery (local
-/// epoch ms, the clock Redis uses on this host) the moment it is received, before any
-/// ack round trip (auto-ack).
-async fn punctual_consumer(broker: &Broker) -> mpsc::UnboundedReceiver<(i64, Delivery)> {
-    let queue = common::unique("punctual");
-    let channel = broker.connection.create_channel().await.expect("channel");
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions {
-                exclusive: true,
-                auto_delete: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("declare consumer queue");
-    channel
-        .queue_bind(
-            queue.as_str().into(),
-            broker.config.amqp.ready_exchange.as_str().into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("bind consumer queue");
-    let mut consumer = channel
-        .basic_consume(
-            queue.as_str().into(),
-            "".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("consume");
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(Ok(delivery)) = consumer.next().await {
-            if tx.send((now_ms(), delivery)).is_err() {
-                break;
-            }
-        }
-        drop(channel);
-    });
-    rx
 }
 
 /// Collects `count` deliveries whose body is `body`, within `timeout`.
@@ -178,7 +124,7 @@ async fn measure_series(
 ) -> Vec<(i64, i64)> {
     let config = lateness_config(label);
     let broker = Broker::new(&config).await;
-    let mut ready = punctual_consumer(&broker).await;
+    let mut ready = broker.consume_ready_stamped("#").await;
     let mut bridge = ChildBridge::start(&config);
     broker.put("tick", label, b"tick", headers).await;
     let timeout = Duration::from_millis(interval_ms as u64 * count as u64 + 15_000);
@@ -246,7 +192,7 @@ async fn cron_every_second() {
 async fn replace_shortens_to_500_ms() {
     let config = lateness_config("shorten");
     let broker = Broker::new(&config).await;
-    let mut ready = punctual_consumer(&broker).await;
+    let mut ready = broker.consume_ready_stamped("#").await;
     let mut bridge = ChildBridge::start(&config);
     broker
         .put(

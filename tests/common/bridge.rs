@@ -208,6 +208,61 @@ impl Broker {
         self.consume_on(channel, &queue).await
     }
 
+    /// A consumer of the ready exchange for `binding` that stamps each delivery (local
+    /// epoch ms, the clock Redis uses on this host) the moment it arrives, before any ack
+    /// round trip (auto-ack): for measuring lateness against the due time.
+    pub async fn consume_ready_stamped(
+        &self,
+        binding: &str,
+    ) -> mpsc::UnboundedReceiver<(i64, Delivery)> {
+        let queue = unique("stamped");
+        let channel = self.connection.create_channel().await.expect("channel");
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare consumer queue");
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                self.config.amqp.ready_exchange.as_str().into(),
+                binding.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind consumer queue");
+        let mut consumer = channel
+            .basic_consume(
+                queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("consume");
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(Ok(delivery)) = consumer.next().await {
+                if tx.send((now_ms(), delivery)).is_err() {
+                    break;
+                }
+            }
+            drop(channel);
+        });
+        rx
+    }
+
     pub async fn consume_queue(&self, queue: &str) -> Receiver {
         let channel = self.connection.create_channel().await.expect("channel");
         self.consume_on(channel, queue).await
