@@ -181,6 +181,12 @@ impl Broker {
     }
 
     pub async fn consume_exchange(&self, exchange: &str, binding: &str) -> Receiver {
+        let (channel, queue) = self.bound_queue(exchange, binding).await;
+        self.consume_on(channel, &queue).await
+    }
+
+    /// A channel and an exclusive queue on it, bound to `exchange` with `binding`.
+    async fn bound_queue(&self, exchange: &str, binding: &str) -> (Channel, String) {
         let queue = unique("q");
         let channel = self.connection.create_channel().await.expect("channel");
         channel
@@ -205,7 +211,7 @@ impl Broker {
             )
             .await
             .expect("bind consumer queue");
-        self.consume_on(channel, &queue).await
+        (channel, queue)
     }
 
     /// A consumer of the ready exchange for `binding` that stamps each delivery (local
@@ -215,30 +221,8 @@ impl Broker {
         &self,
         binding: &str,
     ) -> mpsc::UnboundedReceiver<(i64, Delivery)> {
-        let queue = unique("stamped");
-        let channel = self.connection.create_channel().await.expect("channel");
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    exclusive: true,
-                    auto_delete: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .expect("declare consumer queue");
-        channel
-            .queue_bind(
-                queue.as_str().into(),
-                self.config.amqp.ready_exchange.as_str().into(),
-                binding.into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("bind consumer queue");
+        let ready = self.config.amqp.ready_exchange.clone();
+        let (channel, queue) = self.bound_queue(&ready, binding).await;
         let mut consumer = channel
             .basic_consume(
                 queue.as_str().into(),
