@@ -747,9 +747,9 @@ fn openssl(dir: &std::path::Path, args: &str) {
     );
 }
 
-/// An HTTPS receiver (Python's http.server behind ssl) with a certificate of a private
-/// CA made for this run; answers 200 to every POST. Returns the child and its port.
-fn https_receiver(dir: &std::path::Path) -> (std::process::Child, u16) {
+/// A private CA (`ca.pem`) and a server certificate it signed for 127.0.0.1
+/// (`server.pem`, `server.key`), made in `dir` for this run.
+fn private_ca_certificates(dir: &std::path::Path) {
     std::fs::write(
         dir.join("server.ext"),
         "subjectAltName = IP:127.0.0.1, DNS:localhost\nbasicConstraints = critical, CA:FALSE\nextendedKeyUsage = serverAuth\n",
@@ -761,6 +761,12 @@ fn https_receiver(dir: &std::path::Path) -> (std::process::Child, u16) {
         "req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=localhost",
     );
     openssl(dir, "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out server.pem -extfile server.ext");
+}
+
+/// An HTTPS receiver (Python's http.server behind ssl) with a certificate of a private
+/// CA made for this run; answers 200 to every POST. Returns the child and its port.
+fn https_receiver(dir: &std::path::Path) -> (std::process::Child, u16) {
+    private_ca_certificates(dir);
     let script = r#"
 import http.server, ssl, sys
 class H(http.server.BaseHTTPRequestHandler):
@@ -819,6 +825,91 @@ async fn https_with_a_private_ca_is_trusted_only_through_tls_ca_file() {
         reason.starts_with("request to untrusting") && reason.contains("TLS failed"),
         "{reason}"
     );
+    bridge.stop().await;
+    broker.cleanup().await;
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+/// An HTTPS server that offers HTTP/2 (hypercorn, ALPN `h2` then `http/1.1`), with a
+/// certificate of a private CA, answering 200 and printing each request's HTTP version.
+/// Returns the child, its port and its output (one `http_version <v>` line a request).
+fn h2_receiver(
+    dir: &std::path::Path,
+) -> (
+    std::process::Child,
+    u16,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    private_ca_certificates(dir);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let script = r#"
+import asyncio, sys
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+                print("ready", flush=True)
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    while (await receive()).get("more_body"):
+        pass
+    print("http_version", scope["http_version"], flush=True)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
+
+config = Config()
+config.bind = ["127.0.0.1:" + sys.argv[1]]
+config.certfile, config.keyfile = "server.pem", "server.key"
+config.alpn_protocols = ["h2", "http/1.1"]
+config.accesslog = config.errorlog = None
+asyncio.run(serve(app, config))
+"#;
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", script, &port.to_string()])
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3");
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    use std::io::BufRead as _;
+    out.read_line(&mut line).expect("the receiver's first line");
+    assert_eq!(
+        line.trim(),
+        "ready",
+        "hypercorn did not start (bash scripts/webhook-deps.sh installs it)"
+    );
+    (child, port, out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_is_used_when_the_server_offers_it() {
+    let dir = common::faults::TempDir::new("hookh2");
+    let (mut server, port, mut out) = h2_receiver(dir.path());
+    let mut hook = target("h2", &["h2"], format!("https://127.0.0.1:{port}/r"));
+    hook.tls_ca_file = dir.path().join("ca.pem").display().to_string();
+    let config = config_with("hookh2", vec![hook]);
+    let broker = Broker::new(&config).await;
+    let bridge = InProcess::start(&config);
+    let store = common::test_store_named(&config.redis.prefix).await;
+
+    broker.put("h2", "j1", b"x", &[]).await;
+    released(&store, "h2", "j1").await;
+    let mut line = String::new();
+    use std::io::BufRead as _;
+    out.read_line(&mut line).expect("the request's line");
+    assert_eq!(line.trim(), "http_version 2", "negotiated over ALPN");
     bridge.stop().await;
     broker.cleanup().await;
     let _ = server.kill();
