@@ -1191,3 +1191,68 @@ async fn screenshot_at(client: &Client, name: &str, width: u32) -> PathBuf {
     std::fs::write(&file, &png).expect("write the screenshot");
     file
 }
+
+/// Webhook targets on the page: the panel lists them, a failing one stands out (row and
+/// last status marked, the error in the tooltip), a healthy one does not, and a topic
+/// names the target its jobs go to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_targets_show_and_a_failing_one_stands_out() {
+    let _turn = BROWSER_TURN.lock().await;
+    let store = common::test_store().await;
+    put(
+        &store,
+        &Topic::new("billing.eu").unwrap(),
+        "invoice-1",
+        Due::Delay(600_000),
+    )
+    .await;
+    let mut config = Config::default();
+    for (name, pattern) in [("billing", "billing.#"), ("mailer", "mail.#")] {
+        config.targets.push(redisched::targets::TargetConfig {
+            name: name.into(),
+            topics: vec![pattern.into()],
+            url: "http://127.0.0.1:9/receive".into(),
+            ..Default::default()
+        });
+    }
+    let site = Site::start(&store, config).await;
+    let webhooks = &site.state.metrics.webhooks;
+    webhooks.started("billing");
+    webhooks.finished("billing", "2xx", "200".into(), None, 0.01);
+    let error = "HTTP 503 Service Unavailable from mailer: down for maintenance";
+    webhooks.started("mailer");
+    webhooks.finished("mailer", "5xx", "503".into(), Some(error.into()), 0.02);
+
+    let driver = Driver::start();
+    let client = driver.browser().await;
+    client.goto(&format!("{}/", site.base)).await.unwrap();
+    wait_for(&client, "#targets tr.failing").await;
+    let rows = js(
+        &client,
+        "return [...document.querySelectorAll('#targets tr')].map(r => \
+           [r.children[0].textContent, r.classList.contains('failing'), \
+            r.lastElementChild.classList.contains('bad'), r.lastElementChild.title, \
+            r.lastElementChild.textContent]);",
+    )
+    .await;
+    assert_eq!(
+        rows,
+        json!([
+            ["billing", false, false, "", "200"],
+            ["mailer", true, true, error, "503"]
+        ]),
+        "{rows}"
+    );
+    assert!(!js(
+        &client,
+        "return document.getElementById('targets-section').hidden;"
+    )
+    .await
+    .as_bool()
+    .unwrap_or(true));
+    wait_for(&client, "#topics tr[data-topic='billing.eu']").await;
+    let topic_row = text_of(&client, "#topics tr[data-topic='billing.eu']").await;
+    assert!(topic_row.contains("→ billing"), "{topic_row}");
+    screenshot(&client, "dashboard-targets").await;
+    client.close().await.expect("close the browser");
+}
