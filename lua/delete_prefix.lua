@@ -7,7 +7,7 @@ ARGV:
   1 prefix       1..256 bytes; ids starting with it are deleted (compared as bytes, so
                  glob characters in it are plain characters)
   2 cursor       '0' to start, else the cursor the previous step answered
-  3 count        optional, 1..10000 (default 250): hash entries examined by this step
+  3 count        optional, 1..10000 (default 100): hash entries examined by this step
                  (HSCAN COUNT), which bounds its work whatever the topic's size; at
                  most 50 jobs are removed per step (see the reply's cursor)
   4 history_max  optional: cap of the topic's history list, default 1000, 0 = none;
@@ -206,7 +206,7 @@ end
 if not cursor or not string.find(cursor, '^%d+$') or #cursor > 20 then
   return redis.error_reply('INVALID_ARGUMENT cursor must be a non-negative integer, got ' .. tostring(cursor))
 end
-local count = 500
+local count = 100
 if ARGV[3] and ARGV[3] ~= '' then
   count = int_arg(ARGV[3])
   if not count or count < 1 or count > 10000 then

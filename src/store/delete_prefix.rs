@@ -11,7 +11,7 @@ use super::{Store, StoreError};
 use crate::job::{IdPrefix, Topic};
 
 /// Hash entries one step examines (the script's `count`).
-pub const PREFIX_STEP: usize = 250;
+pub const PREFIX_STEP: usize = 100;
 
 /// One step's answer: where the walk stands and what this step removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
