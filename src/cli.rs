@@ -152,8 +152,10 @@ pub enum Command {
         #[arg(long, short = 'n', default_value_t = 20)]
         limit: usize,
     },
-    /// List the webhook targets of the configuration with their topics, URL and limits
-    /// (a running bridge's `GET /v1/targets` adds in flight, last status and failures)
+    /// List the webhook targets of the configuration with their topics, URL and limits,
+    /// and what Redis holds for them across every bridge: jobs scheduled, due, in flight,
+    /// failing, parked (a running bridge's `GET /v1/targets` adds its own requests' last
+    /// status and failure counts)
     Targets,
     /// Verify the store's invariants (fsck) for one topic or all; --repair fixes them
     #[command(
@@ -407,7 +409,7 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
         Command::Stats { topic } => {
             stats(&connect(&config).await?, topic.as_ref(), &config.targets).await
         }
-        Command::Targets => Ok(targets(&config.targets)),
+        Command::Targets => targets(&connect(&config).await?, &config.targets).await,
         Command::Pause { topic } => pause(&connect(&config).await?, topic, true).await,
         Command::Resume { topic } => pause(&connect(&config).await?, topic, false).await,
         Command::RateLimit { topic, rate, burst } => {
@@ -738,8 +740,18 @@ fn check_limit(limit: usize) -> Result<(), CliError> {
 }
 
 /// `redisched targets`: the configured targets (no Redis needed).
-fn targets(targets: &[crate::targets::TargetConfig]) -> Output {
-    let view = view::TargetsView::new(targets, |_| None);
+async fn targets(
+    store: &Store,
+    targets: &[crate::targets::TargetConfig],
+) -> Result<Output, CliError> {
+    let mut rows = Vec::new();
+    if !targets.is_empty() {
+        for topic in store.topics().await? {
+            let stats = store.stats(&topic).await?;
+            rows.push((topic, stats));
+        }
+    }
+    let view = view::TargetsView::new(targets, |_| None).with_backlog(targets, &rows);
     let mut human = String::new();
     if view.targets.is_empty() {
         human.push_str("no webhook targets configured ([[targets]] in the config file)");
@@ -755,11 +767,27 @@ fn targets(targets: &[crate::targets::TargetConfig]) -> Output {
             t.timeout_ms,
             if t.signed { "  signed" } else { "" }
         ));
+        if let Some(b) = t.backlog {
+            human.push_str(&format!(
+                "    {} topic(s): {} scheduled, {} due now, {} in flight (all bridges), {} failing, {} parked{}\n",
+                b.topics,
+                b.scheduled,
+                b.due_now,
+                b.reserved,
+                b.failing,
+                b.parked,
+                if b.failing + b.parked > 0 {
+                    "  !! see `redisched list <topic> --parked` and `redisched get`"
+                } else {
+                    ""
+                }
+            ));
+        }
     }
-    Output {
+    Ok(Output {
         json: view::to_json(&view),
         human: human.trim_end().to_owned(),
-    }
+    })
 }
 
 async fn stats(

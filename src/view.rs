@@ -166,6 +166,24 @@ pub struct TargetRow {
     pub live: Option<TargetStatus>,
     /// A target whose latest attempts failed (the dashboard shows it in red).
     pub failing: bool,
+    /// What Redis holds for the target's topics, across every bridge (`redisched
+    /// targets`, which talks to Redis, not to a bridge).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backlog: Option<TargetBacklog>,
+}
+
+/// A target's jobs in Redis, summed over the known topics it serves (the first target
+/// whose patterns match a topic serves it): `reserved` are the requests in flight on
+/// every bridge together, `failing` the jobs whose last attempt failed, `parked` those
+/// that gave up after `dispatch.max_attempts`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TargetBacklog {
+    pub topics: u64,
+    pub scheduled: u64,
+    pub due_now: u64,
+    pub reserved: u64,
+    pub failing: u64,
+    pub parked: u64,
 }
 
 /// `GET /v1/targets`, `redisched targets --json`.
@@ -193,10 +211,35 @@ impl TargetsView {
                         allowed_url_prefixes: t.allowed_url_prefixes.clone(),
                         failing: live.as_ref().is_some_and(|s| s.consecutive_failures > 0),
                         live,
+                        backlog: None,
                     }
                 })
                 .collect(),
         }
+    }
+
+    /// Fills each target's [`TargetBacklog`] from the topics' counts.
+    pub fn with_backlog(mut self, targets: &[TargetConfig], rows: &[(Topic, TopicStats)]) -> Self {
+        for row in &mut self.targets {
+            row.backlog = Some(TargetBacklog::default());
+        }
+        for (topic, stats) in rows {
+            let Some((_, target)) = target_for(targets, topic.as_str()) else {
+                continue;
+            };
+            let Some(row) = self.targets.iter_mut().find(|r| r.name == target.name) else {
+                continue;
+            };
+            if let Some(backlog) = row.backlog.as_mut() {
+                backlog.topics += 1;
+                backlog.scheduled += stats.scheduled;
+                backlog.due_now += stats.due_now;
+                backlog.reserved += stats.reserved;
+                backlog.failing += stats.failing;
+                backlog.parked += stats.parked;
+            }
+        }
+        self
     }
 }
 

@@ -1114,6 +1114,11 @@ allowed_url_prefixes = ["http://127.0.0.1:9191/own/"]
 "#,
     )
     .unwrap();
+    // Jobs of its topics (and of one it does not serve) are counted from Redis.
+    for (topic, id) in [("billing.eu", "a"), ("billing.us", "b"), ("mail", "c")] {
+        let (code, _, err) = cli(&good, &config, &["put", topic, id, "x", "--delay", "1h"]);
+        assert_eq!(code, 0, "{err}");
+    }
     let (code, out, err) = cli(&good, &config, &["targets", "--json"]);
     assert_eq!(code, 0, "{err}");
     let json: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -1122,6 +1127,14 @@ allowed_url_prefixes = ["http://127.0.0.1:9191/own/"]
         json["targets"][0]["topics"],
         serde_json::json!(["billing.#"])
     );
+    assert_eq!(
+        json["targets"][0]["backlog"],
+        serde_json::json!({"topics": 2, "scheduled": 2, "due_now": 0, "reserved": 0, "failing": 0, "parked": 0}),
+        "{json}"
+    );
+    let (_, human, _) = cli(&good, &config, &["targets"]);
+    assert!(human.contains("2 topic(s): 2 scheduled"), "{human}");
+    common::delete_prefix(&config.redis.prefix);
 
     let (code, _, err) = cli(
         &good,
