@@ -395,7 +395,10 @@ pub fn print_table(r: &Value) {
             ),
             side(&l["bridge"]),
             format!("{} (one AMQP hop + one POST)", side(&l["floor"])),
-            figure(&l["p99_vs_floor"], |x| format!("{x:.2}× p99")),
+            format!(
+                "{} × the floor's p99",
+                figure(&l["p99_vs_floor"], |x| format!("{x:.2}"))
+            ),
             "p99 <= 2× floor, 0 early".into(),
         ]);
         let m = &w["memory"];
