@@ -17,7 +17,7 @@
 //!
 //! (`all` and the bridge scenarios run the `redisched` binary beside this one: build it
 //! too, `cargo build --release -p redisched-bench -p redisched`.) The store bench is
-//! this file; the bridge scenarios (dispatch, ingest, precision, cancel, catchup, peer,
+//! this file; the bridge scenarios (dispatch, ingest, precision, cancel, catchup, webhook, peer,
 //! all) live in `bridge/`.
 //!
 //! Everything lives under a unique key prefix that is deleted at the end (also after a

@@ -88,6 +88,30 @@ impl Bridge {
         })
     }
 
+    /// As [`Bridge::start`], with `--config file` too: for what has no env form
+    /// (`[[targets]]`); the env still overrides the file.
+    pub fn start_with_file(env: &Env, config: &Config, file: &std::path::Path) -> Result<Self> {
+        let child = std::process::Command::new(&env.bridge_bin)
+            .arg("--config")
+            .arg(file)
+            .arg("run")
+            .envs(config.to_env())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "spawn {} --config {} run",
+                    env.bridge_bin.display(),
+                    file.display()
+                )
+            })?;
+        Ok(Self {
+            process: ChildBridge { child },
+            started: Instant::now(),
+        })
+    }
+
     pub fn pid(&self) -> u32 {
         self.process.pid()
     }

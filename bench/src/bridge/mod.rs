@@ -1,5 +1,5 @@
 //! The bridge scenarios of `redisched-bench`: dispatch, ingest,
-//! precision, cancel, catch-up, the bridge's RSS, the BullMQ peer, and `all`, which also
+//! precision, cancel, catch-up, the bridge's RSS, webhook targets, the BullMQ peer, and `all`, which also
 //! runs `store` and writes one table, one JSON file and one SVG chart.
 //!
 //! ```text
@@ -9,6 +9,7 @@
 //! target/release/redisched-bench precision --rates 1000,5000
 //! target/release/redisched-bench catchup --catchup-jobs 100000
 //! target/release/redisched-bench dispatch --jobs 50000
+//! target/release/redisched-bench webhook            # 100,000 POSTs, 1,000/s, 10,000 held; 3 rounds
 //! target/release/redisched-bench dispatch --jobs 30000 --runs 9   # history on vs off, 9 rounds
 //! ```
 //!
@@ -33,6 +34,7 @@ mod peer;
 mod precision;
 mod report;
 mod table;
+mod webhook;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -64,6 +66,11 @@ pub enum BridgeCommand {
     Catchup(Box<RunArgs>),
     /// BullMQ on the same Redis (needs `npm ci --prefix bench/peer`).
     Peer(Box<RunArgs>),
+    /// Webhook targets, each figure beside its same-run ceiling or floor: N due jobs
+    /// POSTed to a local receiver vs a plain reqwest client of the same concurrency;
+    /// lateness at a steady rate vs one AMQP hop + one POST; the bridge's RSS with many
+    /// requests held open by a slow receiver. `--runs` rounds [default: 3].
+    Webhook(Box<RunArgs>),
     /// Everything (store included), `--runs` rounds: one table (median (min–max) of the
     /// rounds), `artifacts/bench.json`, `artifacts/bench.svg`.
     All(Box<RunArgs>),
@@ -128,6 +135,29 @@ pub struct RunArgs {
     /// BullMQ lateness rates [default: 1000,5000; quick 1000].
     #[arg(long, value_delimiter = ',')]
     pub peer_rates: Option<Vec<u64>>,
+    /// Webhook: due jobs POSTed for the throughput figure [default: 100000; quick 5000].
+    #[arg(long)]
+    pub webhook_jobs: Option<u64>,
+    /// Webhook: the target's `max_in_flight`, and the ceiling's and floor's concurrency.
+    #[arg(long, default_value_t = 64)]
+    pub webhook_in_flight: usize,
+    /// Webhook: put commands per second of the lateness figure.
+    #[arg(long, default_value_t = 1000)]
+    pub webhook_rate: u64,
+    /// Webhook: seconds of steady state measured [default: 30; quick 3].
+    #[arg(long)]
+    pub webhook_seconds: Option<f64>,
+    /// Webhook: random delays 0..=this many ms, and the warm-up before measuring
+    /// [default: 5000; quick 1000].
+    #[arg(long)]
+    pub webhook_max_delay_ms: Option<u64>,
+    /// Webhook: requests held open by the slow receiver of the memory figure (also
+    /// that target's `max_in_flight`) [default: 10000; quick 1000].
+    #[arg(long)]
+    pub webhook_held: Option<u64>,
+    /// Webhook: how long the slow receiver holds each request [default: 30000; quick 2000].
+    #[arg(long)]
+    pub webhook_hold_ms: Option<u64>,
     /// `all` only: skip the BullMQ peer.
     #[arg(long)]
     pub no_peer: bool,
@@ -159,6 +189,8 @@ pub struct RunArgs {
 
 /// Bridge passes per history side of `dispatch` when `--runs` is not given.
 const DISPATCH_PASSES: usize = 3;
+/// Rounds of `webhook` when `--runs` is not given (`all` makes one per round).
+const WEBHOOK_RUNS: usize = 3;
 
 impl RunArgs {
     fn pick<T: Clone>(&self, value: &Option<T>, full: T, quick: T) -> T {
@@ -217,6 +249,19 @@ impl RunArgs {
             redis_url: self.redis_url.clone(),
         }
     }
+    fn webhook(&self, runs: usize) -> webhook::Params {
+        webhook::Params {
+            jobs: self.pick(&self.webhook_jobs, 100_000, 5_000),
+            max_in_flight: self.webhook_in_flight.max(1),
+            body_bytes: self.body_bytes,
+            runs: runs.max(1),
+            rate: self.webhook_rate.max(1),
+            seconds: self.pick(&self.webhook_seconds, 30.0, 3.0),
+            max_delay_ms: self.pick(&self.webhook_max_delay_ms, 5_000, 1_000),
+            held: self.pick(&self.webhook_held, 10_000, 1_000),
+            hold_ms: self.pick(&self.webhook_hold_ms, 30_000, 2_000),
+        }
+    }
     fn env(&self) -> Result<Env> {
         Env::new(
             self.redis_url.clone(),
@@ -241,6 +286,7 @@ where
         BridgeCommand::Cancel(a) => ("cancel", a),
         BridgeCommand::Catchup(a) => ("catchup", a),
         BridgeCommand::Peer(a) => ("peer", a),
+        BridgeCommand::Webhook(a) => ("webhook", a),
         BridgeCommand::All(a) => ("all", a),
     };
     let out = args.out.clone().unwrap_or_else(|| {
@@ -277,6 +323,10 @@ where
             report["catchup"] = catchup::run(&a.env()?, &a.catchup()).await?
         }
         BridgeCommand::Peer(a) => report["peer"] = peer::run(&a.peer()).await?,
+        BridgeCommand::Webhook(a) => {
+            report["webhook"] =
+                webhook::run(&a.env()?, &a.webhook(a.runs.unwrap_or(WEBHOOK_RUNS))).await?
+        }
         BridgeCommand::All(a) => {
             let rounds = a.runs.unwrap_or(1).max(1);
             let mut raw = Vec::with_capacity(rounds);
@@ -364,6 +414,8 @@ where
     clock("cancel");
     r["catchup"] = catchup::run(&env, &a.catchup()).await?;
     clock("catchup");
+    r["webhook"] = webhook::run(&env, &a.webhook(1)).await?;
+    clock("webhook");
     if !a.no_peer {
         match peer::run(&a.peer()).await {
             Ok(peer) => r["peer"] = peer,

@@ -349,6 +349,77 @@ pub fn print_table(r: &Value) {
             ]);
         }
     }
+    let w = &r["webhook"];
+    if w.is_object() {
+        let t = &w["throughput"];
+        rows.push([
+            format!(
+                "webhook: {} due jobs of {} B POSTed to a local receiver, max_in_flight {} (jobs/s; after the first delivery)",
+                num(&w["jobs"]),
+                num(&w["body_bytes"]),
+                num(&w["max_in_flight"])
+            ),
+            format!(
+                "{}; {}",
+                num(&t["bridge_jobs_per_s"]),
+                num(&t["bridge_jobs_per_s_after_first_delivery"])
+            ),
+            format!(
+                "{} (plain reqwest client, {} at once, same receiver)",
+                num(&t["plain_client_per_s"]),
+                num(&w["max_in_flight"])
+            ),
+            format!(
+                "{}; {}",
+                pct(&t["ratio"]),
+                pct(&t["ratio_after_first_delivery"])
+            ),
+            ">= 80%".into(),
+        ]);
+        let l = &w["lateness"];
+        let side = |s: &Value| {
+            format!(
+                "{} / {} / {}; {} early",
+                num(&s["p50_ms"]),
+                num(&s["p99_ms"]),
+                num(&s["max_ms"]),
+                num(&s["early"])
+            )
+        };
+        rows.push([
+            format!(
+                "webhook: lateness at {}/s vs the producer's clock, {} s steady after a {} ms warm-up (ms: p50 / p99 / max)",
+                num(&l["rate_per_s"]),
+                num(&l["window_s"]),
+                num(&l["warm_up_ms"])
+            ),
+            side(&l["bridge"]),
+            format!("{} (one AMQP hop + one POST)", side(&l["floor"])),
+            format!(
+                "{} × the floor's p99",
+                figure(&l["p99_vs_floor"], |x| format!("{x:.2}"))
+            ),
+            "p99 <= 2× floor, 0 early".into(),
+        ]);
+        let m = &w["memory"];
+        rows.push([
+            format!(
+                "webhook: bridge RSS with {} requests held open {} ms by a slow receiver (MiB: idle / all open / peak; bytes per open request)",
+                num(&m["in_flight"]),
+                num(&m["hold_ms"])
+            ),
+            format!(
+                "{} / {} / {}; {} B",
+                kib_to_mib(&m["idle_kib"]),
+                kib_to_mib(&m["all_in_flight_kib"]),
+                kib_to_mib(&m["peak_kib"]),
+                num(&m["bytes_per_request_in_flight"])
+            ),
+            format!("idle bridge, same run; {} open at most", num(&m["open_at_receiver_max"])),
+            "-".into(),
+            "-".into(),
+        ]);
+    }
     if !rows.is_empty() {
         println!("\n| scenario | redisched | ceiling (same run) | ratio | target |");
         println!("|---|---|---|---|---|");
