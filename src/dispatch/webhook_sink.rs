@@ -4,7 +4,7 @@
 //! dead target holds only its own slots, never the AMQP confirm window or another
 //! target's.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -30,7 +30,55 @@ pub struct WebhookSinks {
     targets: Vec<Target>,
     /// Signalled whenever a request ends and frees a slot.
     room: Arc<Notify>,
+    releases: Arc<Releases>,
     tasks: TaskTracker,
+}
+
+/// Delivered jobs waiting for their release, and whether a request's task is releasing
+/// now. Releases go to Redis in batches: the task that finds none running releases
+/// everything that has gathered (its own job first), looping until nothing is left; a
+/// request that ends meanwhile only adds its job. One `release.lua` round trip per job
+/// made the store the bottleneck (the AMQP sink batches its confirms the same way). A
+/// job keeps its slot until released, so `max_in_flight` still bounds what is reserved.
+#[derive(Debug, Default)]
+struct Releases {
+    pending: Mutex<(Vec<(Ticket, OwnedSemaphorePermit)>, bool)>,
+}
+
+impl Releases {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Vec<(Ticket, OwnedSemaphorePermit)>, bool)> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn release(
+        &self,
+        settler: &Settler,
+        room: &Notify,
+        done: (Ticket, OwnedSemaphorePermit),
+    ) {
+        {
+            let mut pending = self.lock();
+            pending.0.push(done);
+            if pending.1 {
+                return;
+            }
+            pending.1 = true;
+        }
+        loop {
+            let batch = {
+                let mut pending = self.lock();
+                if pending.0.is_empty() {
+                    pending.1 = false;
+                    return;
+                }
+                std::mem::take(&mut pending.0)
+            };
+            let tickets: Vec<Ticket> = batch.iter().map(|(ticket, _)| ticket.clone()).collect();
+            settler.release(&tickets).await;
+            drop(batch);
+            room.notify_one();
+        }
+    }
 }
 
 impl WebhookSinks {
@@ -50,6 +98,7 @@ impl WebhookSinks {
         Ok(Self {
             targets,
             room: Arc::new(Notify::new()),
+            releases: Arc::default(),
             tasks: TaskTracker::new(),
         })
     }
@@ -97,6 +146,7 @@ impl WebhookSinks {
             ticket,
             settler: settler.clone(),
             room: self.room.clone(),
+            releases: self.releases.clone(),
         };
         self.tasks.spawn(delivery.run(slot));
         Ok(())
@@ -119,6 +169,7 @@ struct Delivery {
     ticket: Ticket,
     settler: Settler,
     room: Arc<Notify>,
+    releases: Arc<Releases>,
 }
 
 impl Delivery {
@@ -147,7 +198,11 @@ impl Delivery {
                     note: format!("HTTP {}", delivered.status),
                     ..self.ticket.clone()
                 };
-                self.settler.release(std::slice::from_ref(&ticket)).await;
+                // The slot goes with the job: freed once it is released.
+                self.releases
+                    .release(&self.settler, &self.room, (ticket, slot))
+                    .await;
+                return;
             }
             Err(failure) => {
                 let status = failure
