@@ -544,14 +544,16 @@ async fn three_bridges_share_one_limit_beside_an_unlimited_topic_through_a_chang
         lateness.last().copied().unwrap_or(0),
     );
     // The store takes at most burst + 200 in any second (the opening one: the burst at
-    // once, then a token every 5 ms). Windows are measured on arrival at the consumer,
-    // where a few ms of publish-latency spread shift the token due exactly 1 s after the
-    // burst (or one more) into the opening window: 219..=222 were seen there, so that
-    // window gets JITTER jobs (10 ms at 200/s); every later window must meet the bound.
-    const JITTER: usize = 2;
+    // once, then a token every 5 ms; the scripts' own tests check that exactly). Windows
+    // are measured on arrival at the consumer: a window that opens with a slow first
+    // arrival also takes the tokens reserved that much after its last store second. So the
+    // opening window gets the jobs that the path's own delay spread in this run (the
+    // unlimited topic's p99 lateness beside it) can shift in at 200/s, plus 2; 219..=228
+    // were seen there. Every later window must meet the bound exactly.
+    let jitter = usize::try_from(p99.max(0) * 200 / 1000).unwrap_or(0) + 2;
     assert!(
-        busiest_200 <= 200 + BURST + JITTER,
-        "a 1-s window delivered {busiest_200} > 200 + burst + {JITTER} of arrival jitter"
+        busiest_200 <= 200 + BURST + jitter,
+        "a 1-s window delivered {busiest_200} > 200 + burst + {jitter} of arrival jitter (the path's p99 {p99} ms at 200/s, + 2)"
     );
     assert!(
         busiest_steady <= 200 + BURST,
