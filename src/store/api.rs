@@ -59,11 +59,9 @@ impl Store {
         let Some(want) = self.durability else {
             return self.exec.query(&incr).await;
         };
-        let (mut replies, acks) = self.exec.run_waiting(&[Call::global(incr)], &want).await?;
-        self.demand(judge(want, acks))?;
-        let value = replies
-            .pop()
-            .ok_or_else(|| StoreError::bad_reply("redis", "INCR got no reply"))??;
+        let value = self
+            .write_waiting("redis", Call::global(incr), want)
+            .await?;
         redis::from_redis_value(value).map_err(|e| StoreError::bad_reply("redis", e.to_string()))
     }
 

@@ -3,8 +3,6 @@
 //! with the topic (on a 1,000,000-job topic each step examines [`PREFIX_STEP`] hash
 //! entries). No per-job index exists for it: the walk scans the topic's jobs hash.
 
-use super::call::Call;
-use super::durable::judge;
 use super::reply::Reader;
 use super::scripts::Scripts;
 use super::{Store, StoreError};
@@ -82,7 +80,11 @@ impl Store {
             .arg(count.clamp(1, 10_000))
             .arg(self.history_max)
             .arg(epoch.map_or(String::new(), |e| e.to_string()));
-        let value = self.run_write(call).await?;
+        // With `redis.wait_replicas` set it waits for the replicas, as every job write.
+        let value = match self.durability {
+            None => self.exec.run_one(call).await?,
+            Some(want) => self.write_waiting("delete_prefix", call, want).await?,
+        };
         let mut reply = Reader::new("delete_prefix", value)?;
         let cursor = reply.string("cursor")?;
         let deleted = u64::try_from(reply.int("deleted")?)
@@ -93,17 +95,5 @@ impl Store {
             deleted,
             done,
         })
-    }
-
-    /// One job write, waiting for the replicas when durability is set.
-    async fn run_write(&self, call: Call) -> Result<redis::Value, StoreError> {
-        let Some(want) = self.durability else {
-            return self.exec.run_one(call).await;
-        };
-        let (mut replies, acks) = self.exec.run_waiting(&[call], &want).await?;
-        self.demand(judge(want, acks))?;
-        Ok(replies
-            .pop()
-            .ok_or_else(|| StoreError::bad_reply("delete_prefix", "no reply"))??)
     }
 }

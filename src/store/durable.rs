@@ -121,6 +121,22 @@ impl Store {
 
     /// `Ok` unless the replicas fell short: for callers that answer someone at once
     /// (HTTP, CLI) rather than hold on to the batch.
+    /// One write, `WAIT`ed for as `want` says: its reply, or
+    /// [`StoreError::NotReplicated`] when the replicas fall short (the write stands).
+    /// `what` names the call in an error.
+    pub(super) async fn write_waiting(
+        &self,
+        what: &'static str,
+        call: Call,
+        want: Durability,
+    ) -> Result<redis::Value, StoreError> {
+        let (mut replies, acks) = self.exec.run_waiting(&[call], &want).await?;
+        self.demand(judge(want, acks))?;
+        Ok(replies
+            .pop()
+            .ok_or_else(|| StoreError::bad_reply(what, "no reply"))??)
+    }
+
     pub(super) fn demand(&self, replication: Replication) -> Result<(), StoreError> {
         let Some(want) = self.durability else {
             return Ok(());
