@@ -540,6 +540,12 @@ async fn three_bridges_share_one_limit_beside_an_unlimited_topic_through_a_chang
         .map(|(at, due, _, _)| at - due)
         .collect();
     let requeued_max = requeued.iter().copied().max().unwrap_or(0);
+    // When the latest first attempt was due, from the start: a stall names its moment.
+    let worst_at = live
+        .iter()
+        .filter(|(_, due, _, attempt)| *due > 0 && *attempt == 1)
+        .max_by_key(|(at, due, _, _)| at - due)
+        .map_or(0, |(_, due, _, _)| due - start);
     lateness.sort_unstable();
     let p50 = percentile(&lateness, 0.50);
     let p99 = percentile(&lateness, 0.99);
@@ -555,7 +561,7 @@ async fn three_bridges_share_one_limit_beside_an_unlimited_topic_through_a_chang
          bulk delivered {} ({} distinct), mean {rate_200:.1}/s at 200 (busiest 1-s window {busiest_200}, {busiest_200_at} ms after the first delivery; \
          {busiest_steady} after the first second), \
          {rate_50:.1}/s at 50 (busiest {busiest_50}); left in the store {}; \
-         live topic {} of {produced} delivered, first attempts' lateness p50 {p50} ms, p99 {p99} ms, max {} ms, {early} early; \
+         live topic {} of {produced} delivered, first attempts' lateness p50 {p50} ms, p99 {p99} ms, max {} ms (due at +{worst_at} ms), {early} early; \
          {} requeued after the kill, at most {requeued_max} ms late",
         (kill_at - start) / 1000,
         (changed - start) / 1000,
