@@ -18,10 +18,6 @@ use redisched::job::{Due, JobId, PutMode, Topic};
 use redisched::policy::{Policies, Policy, RateLimit, TopicPattern};
 use redisched::store::{Op, PutRequest, RateSource};
 
-/// The three-bridge acceptance judges lateness in milliseconds: it runs alone, and the
-/// other tests of this file (each short) wait for it or it for them.
-static TIMED: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
-
 // ------------------------------------------------------------------ scripts, raw
 
 struct RawTopic {
@@ -143,7 +139,7 @@ fn ids(value: &Value) -> Vec<String> {
 
 #[test]
 fn a_live_limit_holds_due_jobs_back_in_order_and_says_when_the_next_token_comes() {
-    let _shared = TIMED.blocking_read();
+    let _shared = common::timed::shared_blocking();
     let mut t = RawTopic::new();
     t.put_due(10);
     assert_eq!(int(&t.rate_limit(&["set", "0.5", "2"]).unwrap()), 1);
@@ -188,7 +184,7 @@ fn a_live_limit_holds_due_jobs_back_in_order_and_says_when_the_next_token_comes(
 
 #[test]
 fn a_fractional_rate_lets_one_job_go_every_two_seconds() {
-    let _shared = TIMED.blocking_read();
+    let _shared = common::timed::shared_blocking();
     let mut t = RawTopic::new();
     t.put_due(3);
     t.rate_limit(&["set", "0.5", "1"]).unwrap();
@@ -213,7 +209,7 @@ fn a_fractional_rate_lets_one_job_go_every_two_seconds() {
 
 #[test]
 fn the_callers_default_applies_without_a_live_limit_and_the_live_one_overrides_it() {
-    let _shared = TIMED.blocking_read();
+    let _shared = common::timed::shared_blocking();
     let mut t = RawTopic::new();
     t.put_due(20);
     // No live limit, a default (a policy) of 100/s with a burst of 3.
@@ -250,7 +246,7 @@ fn the_callers_default_applies_without_a_live_limit_and_the_live_one_overrides_i
 
 #[test]
 fn bad_limits_are_refused_with_a_reason_and_change_nothing() {
-    let _shared = TIMED.blocking_read();
+    let _shared = common::timed::shared_blocking();
     let mut t = RawTopic::new();
     t.rate_limit(&["set", "20", "5"]).unwrap();
     for (rate, burst, needle) in [
@@ -317,7 +313,7 @@ fn put(topic: &str, id: &str, due: Due) -> Op {
 
 #[tokio::test]
 async fn the_store_applies_policies_by_topic_pattern_and_reports_throttled_jobs() {
-    let _shared = TIMED.read().await;
+    let _shared = common::timed::shared().await;
     let test = common::test_store().await;
     let policies = Policies(vec![Policy {
         topics: vec![TopicPattern::new("bulk.#").unwrap()],
@@ -406,7 +402,7 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_bridges_share_one_limit_beside_an_unlimited_topic_through_a_change_and_a_kill() {
-    let _alone = TIMED.write().await;
+    let _alone = common::timed::alone().await;
     let seconds = env_number("RATE_LIMIT_TEST_SECONDS", 20) as i64;
     let backlog = env_number("RATE_LIMIT_TEST_JOBS", 5_000) as usize;
     const BURST: usize = 20;
@@ -647,7 +643,7 @@ async fn http_server(prefix: &str) -> (String, tokio_util::sync::CancellationTok
 
 #[tokio::test]
 async fn the_rest_api_sets_shows_and_removes_a_live_limit_and_refuses_bad_ones() {
-    let _shared = TIMED.read().await;
+    let _shared = common::timed::shared().await;
     let test = common::test_store().await;
     let ops: Vec<Op> = (0..30)
         .map(|i| put("mail", &format!("m{i}"), Due::NOW))
@@ -744,7 +740,7 @@ async fn the_rest_api_sets_shows_and_removes_a_live_limit_and_refuses_bad_ones()
 
 #[tokio::test]
 async fn the_cli_sets_and_removes_a_limit_over_a_policy_of_its_config_file() {
-    let _shared = TIMED.read().await;
+    let _shared = common::timed::shared().await;
     use clap::Parser;
     let test = common::test_store().await;
     let config = std::env::temp_dir().join(format!("{}.toml", common::unique("rate-cli")));

@@ -67,6 +67,7 @@ fn props_with(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_due_job_is_posted_with_every_header_and_released() {
+    let _shared = common::timed::shared().await;
     let receiver = Receiver::start().await;
     let mut hook = target(
         "billing",
@@ -152,6 +153,7 @@ async fn a_due_job_is_posted_with_every_header_and_released() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_500_then_a_200_is_retried_with_the_same_webhook_id_and_the_error_on_record() {
+    let _shared = common::timed::shared().await;
     let receiver = Receiver::start().await;
     receiver.script([Answer::status(500).body("boom"), Answer::status(200)]);
     let config = config_with(
@@ -187,6 +189,7 @@ async fn a_500_then_a_200_is_retried_with_the_same_webhook_id_and_the_error_on_r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_429_with_retry_after_is_not_retried_before_that_time() {
+    let _shared = common::timed::shared().await;
     let receiver = Receiver::start().await;
     receiver.script([Answer::status(429).header("retry-after", "2")]);
     let mut config = config_with(
@@ -214,6 +217,7 @@ async fn a_429_with_retry_after_is_not_retried_before_that_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_receiver_hits_timeout_ms_and_the_job_is_retried() {
+    let _shared = common::timed::shared().await;
     let receiver = Receiver::start().await;
     receiver.script([Answer::status(200).delay(10 * SECOND)]);
     let mut hook = target("slow", &["slow"], receiver.url("/r"));
@@ -242,6 +246,7 @@ async fn a_hanging_receiver_hits_timeout_ms_and_the_job_is_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_wait_while_the_receiver_is_down_and_all_arrive_once_it_is_up() {
+    let _shared = common::timed::shared().await;
     let addr = {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         probe.local_addr().unwrap()
@@ -293,6 +298,7 @@ async fn jobs_wait_while_the_receiver_is_down_and_all_arrive_once_it_is_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_410_parks_the_job_after_max_attempts_and_a_redrive_delivers_it() {
+    let _shared = common::timed::shared().await;
     let receiver = Receiver::start().await;
     receiver.set_default(Answer::status(410).body("gone"));
     let mut config = config_with(
@@ -330,6 +336,7 @@ async fn a_410_parks_the_job_after_max_attempts_and_a_redrive_delivers_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redirect_is_a_failure_and_is_not_followed() {
+    let _shared = common::timed::shared().await;
     let receiver = Receiver::start().await;
     let elsewhere = receiver.url("/elsewhere");
     receiver.script([Answer::status(302).header("location", &elsewhere)]);
@@ -361,6 +368,7 @@ async fn a_redirect_is_a_failure_and_is_not_followed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_may_name_its_own_url_only_under_an_allowed_prefix() {
+    let _shared = common::timed::shared().await;
     let receiver = Receiver::start().await;
     let mut hook = target("tenants", &["tenants"], receiver.url("/default"));
     hook.allowed_url_prefixes = vec![receiver.url("/tenants/")];
@@ -444,6 +452,7 @@ async fn a_job_may_name_its_own_url_only_under_an_allowed_prefix() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seed_body_is_exactly_topic_id_and_contents() {
+    let _shared = common::timed::shared().await;
     let receiver = Receiver::start().await;
     let mut hook = target("seed", &["seed"], receiver.url("/receive"));
     hook.body = "seed".into();
@@ -520,6 +529,7 @@ print("verified")
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signatures_verify_with_the_standard_webhooks_library_for_both_secrets_of_a_rotation() {
+    let _shared = common::timed::shared().await;
     let receiver = Receiver::start().await;
     let mut hook = target("signed", &["signed"], receiver.url("/r"));
     hook.signing_secrets = vec![SECRET_A.into(), SECRET_B.into()];
@@ -561,6 +571,7 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_target_with_a_large_backlog_delays_neither_amqp_topics_nor_other_targets() {
+    let _alone = common::timed::alone().await;
     use redisched::job::{Due, PutMode};
     use redisched::store::{Op, PutRequest};
     // The dead target accepts connections and never answers.
@@ -660,6 +671,7 @@ async fn a_dead_target_with_a_large_backlog_delays_neither_amqp_topics_nor_other
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_bridges_one_sigkilled_mid_request_lose_nothing() {
+    let _shared = common::timed::shared().await;
     use std::collections::HashMap;
     let receiver = Receiver::start().await;
     receiver.set_default(Answer::status(200).delay(Duration::from_millis(100)));
@@ -802,6 +814,7 @@ srv.serve_forever()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_with_a_private_ca_is_trusted_only_through_tls_ca_file() {
+    let _shared = common::timed::shared().await;
     let dir = common::faults::TempDir::new("hooktls");
     let (mut server, port) = https_receiver(dir.path());
     let url = format!("https://127.0.0.1:{port}/r");
@@ -895,6 +908,7 @@ asyncio.run(serve(app, config))
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_is_used_when_the_server_offers_it() {
+    let _shared = common::timed::shared().await;
     let dir = common::faults::TempDir::new("hookh2");
     let (mut server, port, mut out) = h2_receiver(dir.path());
     let mut hook = target("h2", &["h2"], format!("https://127.0.0.1:{port}/r"));
@@ -918,6 +932,7 @@ async fn http2_is_used_when_the_server_offers_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_faces_list_targets_name_a_topics_target_and_count_requests() {
+    let _shared = common::timed::shared().await;
     let receiver = Receiver::start().await;
     receiver.script([Answer::status(503).header("retry-after", "0")]);
     let mut hook = target("billing", &["billing"], receiver.url("/r"));
@@ -1014,6 +1029,7 @@ async fn the_faces_list_targets_name_a_topics_target_and_count_requests() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_delivery_goes_on_while_the_broker_is_unreachable() {
+    let _shared = common::timed::shared().await;
     use redisched::job::{Due, PutMode};
     use redisched::store::{Op, PutRequest};
     let receiver = Receiver::start().await;
@@ -1055,6 +1071,7 @@ async fn webhook_delivery_goes_on_while_the_broker_is_unreachable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_occurrence_of_a_series_gets_its_own_webhook_id() {
+    let _shared = common::timed::shared().await;
     let receiver = Receiver::start().await;
     let config = config_with(
         "hookseries",
@@ -1100,6 +1117,7 @@ fn cli(file: &std::path::Path, config: &Config, args: &[&str]) -> (i32, String, 
 
 #[test]
 fn the_cli_lists_targets_checks_them_naming_the_key_and_guards_put_url() {
+    let _shared = common::timed::shared_blocking();
     let dir = common::faults::TempDir::new("hookcli");
     let config = test_config("hookcli");
     let good = dir.path().join("good.toml");
@@ -1173,6 +1191,7 @@ allowed_url_prefixes = ["http://127.0.0.1:9191/own/"]
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_proxy_variable_is_honoured() {
+    let _shared = common::timed::shared().await;
     // The receiver plays the proxy: with HTTP_PROXY set, the bridge sends the request
     // for a host that does not exist to it (absolute-form request line).
     let proxy = Receiver::start().await;
@@ -1228,6 +1247,7 @@ async fn the_http_proxy_variable_is_honoured() {
 
 #[test]
 fn check_config_masks_target_secrets() {
+    let _shared = common::timed::shared_blocking();
     let dir = common::faults::TempDir::new("hookmask");
     let config = test_config("hookmask");
     let file = dir.path().join("t.toml");

@@ -113,3 +113,4 @@ pub mod bridge;
 pub mod cluster;
 pub mod faults;
 pub mod receiver;
+pub mod timed;
