@@ -40,6 +40,10 @@ pub enum AppError {
 
 /// Runs the bridge until `shutdown` is cancelled, then stops intake, drains in-flight
 /// confirms (bounded by `dispatch.shutdown_grace_ms`) and returns.
+#[allow(
+    clippy::too_many_lines,
+    reason = "the wiring of every stage in start order, each step a few lines; read top to bottom"
+)]
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppError> {
     let config = Arc::new(config);
     let webhooks = Arc::new(WebhookSinks::new(&config).map_err(AppError::Targets)?);

@@ -16,7 +16,8 @@ use crate::job::{Due, IdPrefix, JobId, PutMode, Topic};
 use crate::policy::RateLimit;
 use crate::schedule::Schedule;
 use crate::store::{
-    JobState, ListWhich, PutRequest, RateSource, Rejection, Store, StoreError, MAX_BATCH,
+    CheckReport, HealthView, JobState, ListWhich, PutRequest, RateSource, Rejection, Store,
+    StoreError, MAX_BATCH,
 };
 use crate::view::{
     self, rfc3339, DeleteView, HistoryView, JobView, ListView, PauseView, PrefixDeleteView,
@@ -1042,6 +1043,37 @@ async fn check(
     // no repair fixes (exit 6 like the others); an unreadable policy is only said.
     store.probe_health().await?;
     let health = store.health().view();
+    let (redis_problems, redis_line) = redis_verdict(&health, allow_eviction);
+    let json = json!({
+        "repair": repair,
+        "topics": reports,
+        "examined": examined,
+        "problems": found + redis_problems.len(),
+        "unrepaired": unrepaired + redis_problems.len(),
+        "redis": {
+            "eviction_policy": health.eviction_policy,
+            "eviction_policy_ok": health.eviction_policy_ok,
+            "eviction_allowed": allow_eviction,
+            "evicted_keys": health.evicted_keys,
+            "oom": health.oom.is_some(),
+            "used_memory": health.used_memory,
+            "maxmemory": health.maxmemory,
+            "unknown_reason": health.unknown_reason,
+            "nodes": health.nodes,
+            "problems": redis_problems,
+        },
+    });
+    let human = check_human(&reports, &health, &redis_line, &redis_problems, repair);
+    let output = Output { json, human };
+    if unrepaired > 0 || !redis_problems.is_empty() {
+        return Err(CliError::Problems(Box::new(output)));
+    }
+    Ok(output)
+}
+
+/// What `check` says of the Redis server itself: the problems no repair fixes, and the
+/// line naming its eviction policy.
+fn redis_verdict(health: &HealthView, allow_eviction: bool) -> (Vec<String>, String) {
     let mut redis_problems = Vec::new();
     if health.eviction_policy_ok == Some(false) && !allow_eviction {
         redis_problems.push(format!(
@@ -1067,37 +1099,32 @@ async fn check(
             why.as_deref().unwrap_or("not readable")
         ),
     };
-    let json = json!({
-        "repair": repair,
-        "topics": reports,
-        "examined": examined,
-        "problems": found + redis_problems.len(),
-        "unrepaired": unrepaired + redis_problems.len(),
-        "redis": {
-            "eviction_policy": health.eviction_policy,
-            "eviction_policy_ok": health.eviction_policy_ok,
-            "eviction_allowed": allow_eviction,
-            "evicted_keys": health.evicted_keys,
-            "oom": health.oom.is_some(),
-            "used_memory": health.used_memory,
-            "maxmemory": health.maxmemory,
-            "unknown_reason": health.unknown_reason,
-            "nodes": health.nodes,
-            "problems": redis_problems,
-        },
-    });
+    (redis_problems, redis_line)
+}
+
+/// `check`'s report for people: the server's line, then each topic with its problems.
+fn check_human(
+    reports: &[CheckReport],
+    health: &HealthView,
+    redis_line: &str,
+    redis_problems: &[String],
+    repair: bool,
+) -> String {
+    let found: usize = reports.iter().map(|r| r.problems.len()).sum();
+    let unrepaired: usize = reports.iter().map(|r| r.unrepaired()).sum();
+    let examined: u64 = reports.iter().map(|r| r.examined).sum();
     let mut human = String::new();
-    human.push_str(&redis_line);
+    human.push_str(redis_line);
     if let Some(evicted) = health.evicted_keys.filter(|&n| n > 0) {
         human.push_str(&format!(
             "; it has evicted {evicted} key(s) since it started (INFO evicted_keys)"
         ));
     }
     human.push('\n');
-    for problem in &redis_problems {
+    for problem in redis_problems {
         human.push_str(&format!("  redis problem: {problem}\n"));
     }
-    for report in &reports {
+    for report in reports {
         human.push_str(&format!(
             "{}: {} entries, {} problem(s){}\n",
             report.topic,
@@ -1132,11 +1159,7 @@ async fn check(
     if !redis_problems.is_empty() {
         human.push_str(&format!("; {} Redis problem(s)", redis_problems.len()));
     }
-    let output = Output { json, human };
-    if unrepaired > 0 || !redis_problems.is_empty() {
-        return Err(CliError::Problems(Box::new(output)));
-    }
-    Ok(output)
+    human
 }
 
 /// `in 3days 2h`, `12s ago`, `now`: seconds precision is enough for people.

@@ -39,7 +39,7 @@ impl Feed {
 
     pub fn send(&self, event: Event) {
         // No subscriber is the normal case; nothing to do then.
-        let _ = self.sender.send(event);
+        self.sender.send(event).ok();
     }
 
     /// Builds and sends an event only while someone watches (the dashboard's event
@@ -47,7 +47,8 @@ impl Feed {
     /// watcher the event's strings would be built for nothing.
     pub fn send_with(&self, event: impl FnOnce() -> Event) {
         if self.sender.receiver_count() > 0 {
-            let _ = self.sender.send(event());
+            // Its last watcher may have left since the count: nothing to do then.
+            self.sender.send(event()).ok();
         }
     }
 

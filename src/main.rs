@@ -1,5 +1,6 @@
 //! The `redisched` binary: parses the command line and hands over to the library.
 #![forbid(unsafe_code)]
+#![warn(clippy::too_many_lines, clippy::let_underscore_must_use)]
 
 use std::process::ExitCode;
 

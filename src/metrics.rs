@@ -330,21 +330,27 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    #[allow(
+        clippy::too_many_lines,
+        reason = "registers every metric in one place, the list README's metrics table mirrors"
+    )]
     pub fn new() -> Self {
         let commands = Family::<CommandLabels, Counter>::default();
         let invalid_commands = Counter::default();
         let jobs_dispatched = Counter::default();
         let publish_retries = Family::<RetryLabels, Counter>::default();
         for reason in RETRY_REASONS {
-            let _ = publish_retries.get_or_create(&RetryLabels {
+            // Created at zero, so that the series exist before the first event.
+            drop(publish_retries.get_or_create(&RetryLabels {
                 reason: reason.into(),
-            });
+            }));
         }
         for (op, outcome) in COMMON_COMMANDS {
-            let _ = commands.get_or_create(&CommandLabels {
+            // Created at zero, so that the series exist before the first event.
+            drop(commands.get_or_create(&CommandLabels {
                 op: op.into(),
                 outcome: outcome.into(),
-            });
+            }));
         }
         let unroutable_returns = Counter::default();
         let jobs_requeued = Counter::default();
@@ -356,9 +362,10 @@ impl Metrics {
         ]);
         let replication_shortfalls = Family::<ShortfallLabels, Counter>::default();
         for reason in SHORTFALL_REASONS {
-            let _ = replication_shortfalls.get_or_create(&ShortfallLabels {
+            // Created at zero, so that the series exist before the first event.
+            drop(replication_shortfalls.get_or_create(&ShortfallLabels {
                 reason: reason.into(),
-            });
+            }));
         }
         // 0.5 ms (a replica on the LAN) .. 60 s (a stalled replica).
         let replication_wait = Histogram::new([
@@ -561,8 +568,7 @@ impl Metrics {
     pub fn encode_as(&self, format: Format) -> String {
         let mut open_metrics = String::new();
         // Writing into a String cannot fail.
-        let _ =
-            prometheus_client::encoding::text::encode_registry(&mut open_metrics, &self.registry);
+        prometheus_client::encoding::text::encode_registry(&mut open_metrics, &self.registry).ok();
         let mut out = match format {
             Format::OpenMetrics => open_metrics,
             Format::Classic => classic_from_open_metrics(&open_metrics),
@@ -580,16 +586,18 @@ impl Metrics {
             .topics
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Writing into a String cannot fail (`.ok()`).
         for (name, help, value) in TOPIC_GAUGES {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} gauge");
+            writeln!(out, "# HELP {name} {help}").ok();
+            writeln!(out, "# TYPE {name} gauge").ok();
             for (topic, snapshot) in topics.iter() {
-                let _ = writeln!(
+                writeln!(
                     out,
                     "{name}{{topic=\"{}\"}} {}",
                     escape_label_value(topic),
                     value(snapshot)
-                );
+                )
+                .ok();
             }
         }
     }
@@ -616,9 +624,9 @@ fn classic_from_open_metrics(open_metrics: &str) -> String {
                 _ => (family.to_string(), "untyped"),
             };
             if let Some((_, text)) = help.take().filter(|(named, _)| *named == family) {
-                let _ = writeln!(out, "# HELP {name} {text}");
+                writeln!(out, "# HELP {name} {text}").ok();
             }
-            let _ = writeln!(out, "# TYPE {name} {kind}");
+            writeln!(out, "# TYPE {name} {kind}").ok();
         } else if line.starts_with("# UNIT ") || line == "# EOF" {
             continue;
         } else {

@@ -237,57 +237,64 @@ pub fn validate(targets: &[TargetConfig], ttr_ms: u64) -> Result<(), TargetError
         for pattern in &t.topics {
             earlier.push((i, pattern));
         }
-        check_http_url(&t.url).map_err(|m| bad(i, "url", m))?;
-        for (j, prefix) in t.allowed_url_prefixes.iter().enumerate() {
-            let key = format!("allowed_url_prefixes[{j}]");
-            check_http_url(prefix).map_err(|m| bad(i, &key, m))?;
-            // Without the slash `https://hooks.example.com` would admit
-            // `https://hooks.example.com.attacker.org/`.
-            if !prefix.ends_with('/') {
-                return Err(bad(i, &key, format!("{prefix:?} must end with `/`")));
-            }
+        check_delivery(i, t, ttr_ms)?;
+    }
+    Ok(())
+}
+
+/// The checks of one target's delivery settings (`i`: its index, for the error): URLs,
+/// timeout against the TTR, slots, body mode, secrets, headers, CA file.
+fn check_delivery(i: usize, t: &TargetConfig, ttr_ms: u64) -> Result<(), TargetError> {
+    check_http_url(&t.url).map_err(|m| bad(i, "url", m))?;
+    for (j, prefix) in t.allowed_url_prefixes.iter().enumerate() {
+        let key = format!("allowed_url_prefixes[{j}]");
+        check_http_url(prefix).map_err(|m| bad(i, &key, m))?;
+        // Without the slash `https://hooks.example.com` would admit
+        // `https://hooks.example.com.attacker.org/`.
+        if !prefix.ends_with('/') {
+            return Err(bad(i, &key, format!("{prefix:?} must end with `/`")));
         }
-        if t.timeout_ms == 0 {
-            return Err(bad(i, "timeout_ms", "must be > 0"));
-        }
-        if t.timeout_ms >= ttr_ms {
+    }
+    if t.timeout_ms == 0 {
+        return Err(bad(i, "timeout_ms", "must be > 0"));
+    }
+    if t.timeout_ms >= ttr_ms {
+        return Err(bad(
+            i,
+            "timeout_ms",
+            format!("must be below dispatch.ttr_ms ({ttr_ms} ms): a request still running at the time-to-run is delivered twice"),
+        ));
+    }
+    if t.max_in_flight == 0 {
+        return Err(bad(i, "max_in_flight", "must be > 0"));
+    }
+    if !matches!(t.body.as_str(), "raw" | "seed") {
+        return Err(bad(
+            i,
+            "body",
+            format!("{:?}: must be `raw` or `seed`", t.body),
+        ));
+    }
+    for (j, secret) in t.signing_secrets.iter().enumerate() {
+        secret_key(secret).map_err(|m| bad(i, &format!("signing_secrets[{j}]"), m))?;
+    }
+    for (name, value) in &t.headers {
+        if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err()
+            || reqwest::header::HeaderValue::from_str(value).is_err()
+        {
             return Err(bad(
                 i,
-                "timeout_ms",
-                format!("must be below dispatch.ttr_ms ({ttr_ms} ms): a request still running at the time-to-run is delivered twice"),
+                &format!("headers.{name}"),
+                "not a valid HTTP header name and value",
             ));
         }
-        if t.max_in_flight == 0 {
-            return Err(bad(i, "max_in_flight", "must be > 0"));
-        }
-        if !matches!(t.body.as_str(), "raw" | "seed") {
-            return Err(bad(
-                i,
-                "body",
-                format!("{:?}: must be `raw` or `seed`", t.body),
-            ));
-        }
-        for (j, secret) in t.signing_secrets.iter().enumerate() {
-            secret_key(secret).map_err(|m| bad(i, &format!("signing_secrets[{j}]"), m))?;
-        }
-        for (name, value) in &t.headers {
-            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err()
-                || reqwest::header::HeaderValue::from_str(value).is_err()
-            {
-                return Err(bad(
-                    i,
-                    &format!("headers.{name}"),
-                    "not a valid HTTP header name and value",
-                ));
-            }
-        }
-        if !t.tls_ca_file.is_empty() && !std::path::Path::new(&t.tls_ca_file).is_file() {
-            return Err(bad(
-                i,
-                "tls_ca_file",
-                format!("{} is not a readable file", t.tls_ca_file),
-            ));
-        }
+    }
+    if !t.tls_ca_file.is_empty() && !std::path::Path::new(&t.tls_ca_file).is_file() {
+        return Err(bad(
+            i,
+            "tls_ca_file",
+            format!("{} is not a readable file", t.tls_ca_file),
+        ));
     }
     Ok(())
 }

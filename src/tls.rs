@@ -100,7 +100,9 @@ pub fn amqp_tls_config(ca_file: Option<&Path>) -> std::io::Result<lapin::tcp::Ow
 pub fn http_tls_config(ca_file: Option<&Path>) -> std::io::Result<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls_native_certs::load_native_certs().certs {
-        let _ = roots.add(cert);
+        // A system certificate rustls cannot use is skipped, as the system's own
+        // clients would; the others still make the store.
+        roots.add(cert).ok();
     }
     if let Some(path) = ca_file {
         let pem = std::fs::read(path).map_err(|e| {

@@ -21,7 +21,7 @@ pub fn redact_url(raw: &str) -> String {
             Ok(mut url) if url.has_host() => {
                 if url.password().is_some() {
                     // Setting a password only fails for URLs that cannot have one.
-                    let _ = url.set_password(Some("***"));
+                    url.set_password(Some("***")).ok();
                 }
                 url.to_string()
             }

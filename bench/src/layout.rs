@@ -112,7 +112,7 @@ struct Lane {
     moved: u64,
 }
 
-pub struct Study<'a> {
+pub(crate) struct Study<'a> {
     pub bench: &'a Bench,
     pub jobs: u64,
     pub due_jobs: u64,
@@ -122,7 +122,7 @@ pub struct Study<'a> {
 }
 
 impl Study<'_> {
-    pub async fn run(&self) -> Result<Value> {
+    pub(crate) async fn run(&self) -> Result<Value> {
         let bench = self.bench;
         let mut conn = bench.conn.clone();
         let load = |source: &str| {
@@ -554,7 +554,7 @@ impl Study<'_> {
     }
 }
 
-pub fn print_table(r: &Value) {
+pub(crate) fn print_table(r: &Value) {
     println!();
     println!(
         "layout study: {} rounds, {} waiting + {} due jobs per side and round, {}-byte bodies, {}-byte ids; buckets {} (waiting) / {} (due); time slots of {} ms (waiting) / {} ms (due); hash-max-listpack-value {} for the compact sides; load average before {} after {}",

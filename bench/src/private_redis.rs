@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use redis::aio::MultiplexedConnection;
 
-pub struct PrivateRedis {
+pub(crate) struct PrivateRedis {
     child: Child,
     port: u16,
     dir: PathBuf,
@@ -18,7 +18,7 @@ pub struct PrivateRedis {
 
 impl PrivateRedis {
     /// Starts `redis-server` (Debian package redis-server) and waits until it answers.
-    pub async fn start() -> Result<Self> {
+    pub(crate) async fn start() -> Result<Self> {
         let port = std::net::TcpListener::bind(("127.0.0.1", 0))
             .and_then(|listener| listener.local_addr())
             .context("finding a free port")?
@@ -55,15 +55,15 @@ impl PrivateRedis {
         }
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    pub async fn connect(&self) -> Result<MultiplexedConnection> {
+    pub(crate) async fn connect(&self) -> Result<MultiplexedConnection> {
         Ok(redis::Client::open(self.url())?
             .get_multiplexed_async_connection()
             .await?)
@@ -82,14 +82,14 @@ impl Drop for PrivateRedis {
 /// the `EVALSHA` time Redis itself counted (`INFO commandstats`: the scripts' run time,
 /// without reading requests or writing replies).
 #[derive(Clone, Copy)]
-pub struct ServerMark {
+pub(crate) struct ServerMark {
     cpu_seconds: Option<f64>,
     evalsha_calls: u64,
     evalsha_usec: u64,
 }
 
 impl ServerMark {
-    pub async fn now(conn: &MultiplexedConnection, pid: Option<u32>) -> Result<Self> {
+    pub(crate) async fn now(conn: &MultiplexedConnection, pid: Option<u32>) -> Result<Self> {
         let stats: String = redis::cmd("INFO")
             .arg("commandstats")
             .query_async(&mut conn.clone())
@@ -108,7 +108,7 @@ impl ServerMark {
     }
 
     /// Server CPU µs (if known) and EVALSHA µs since `self`, summed into `into`.
-    pub fn add_since(&self, later: &ServerMark, into: &mut ServerTime) {
+    pub(crate) fn add_since(&self, later: &ServerMark, into: &mut ServerTime) {
         if let (Some(a), Some(b)) = (self.cpu_seconds, later.cpu_seconds) {
             *into.cpu_us.get_or_insert(0.0) += (b - a) * 1e6;
         }
@@ -119,7 +119,7 @@ impl ServerMark {
 
 /// Summed server time of one side of a comparison.
 #[derive(Clone, Copy, Default)]
-pub struct ServerTime {
+pub(crate) struct ServerTime {
     pub cpu_us: Option<f64>,
     pub evalsha_calls: u64,
     pub evalsha_usec: u64,
@@ -127,7 +127,7 @@ pub struct ServerTime {
 
 impl ServerTime {
     /// µs of script run time per `EVALSHA`, as `INFO commandstats` counts it.
-    pub fn evalsha_us_per_call(&self) -> Option<f64> {
+    pub(crate) fn evalsha_us_per_call(&self) -> Option<f64> {
         (self.evalsha_calls > 0).then(|| self.evalsha_usec as f64 / self.evalsha_calls as f64)
     }
 }

@@ -31,7 +31,7 @@ use crate::private_redis::{ServerMark, ServerTime};
 use crate::{job_id, Bench, PUT_BATCH};
 
 /// Jobs per turn of one side.
-pub const SLICE: u64 = 10_000;
+pub(crate) const SLICE: u64 = 10_000;
 
 /// The least a scheduler on Redis does per job, on the put's own keys and arguments.
 const BARE_SCRIPT: &str =
@@ -141,7 +141,7 @@ async fn run_pipes(bench: &Bench, side: Side, pipes: &[redis::Pipeline]) -> Resu
 /// (the first side rotates by slice and by round). `server_pid`: the private Redis, whose
 /// CPU and command statistics are then the bench's alone. `other_put`: the source of
 /// another put.lua to run as a fourth side.
-pub async fn compare(
+pub(crate) async fn compare(
     bench: &Bench,
     jobs: u64,
     rounds: usize,
@@ -338,7 +338,7 @@ fn summarize(
     })
 }
 
-pub fn print_table(c: &Value) {
+pub(crate) fn print_table(c: &Value) {
     if !c.is_object() {
         return;
     }

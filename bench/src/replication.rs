@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 use crate::bridge::common::{self, Bridge, Cleanup, Env, Spread};
 
 #[derive(Args, Clone)]
-pub struct ReplicationArgs {
+pub(crate) struct ReplicationArgs {
     /// Put commands per side and round for the throughput figure.
     #[arg(long, default_value_t = 50_000)]
     commands: u64,
@@ -64,7 +64,7 @@ pub struct ReplicationArgs {
     bridge_bin: Option<PathBuf>,
 }
 
-pub async fn run(args: ReplicationArgs) -> Result<()> {
+pub(crate) async fn run(args: ReplicationArgs) -> Result<()> {
     let env = Env::new(
         args.redis_url.clone(),
         args.amqp_url.clone(),

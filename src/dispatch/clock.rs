@@ -58,11 +58,12 @@ mod tests {
         let clock = std::sync::Arc::new(ServerClock::new());
         clock.observe(1_000_000);
         let held = clock.clone();
-        let _ = std::thread::spawn(move || {
+        let panicked = std::thread::spawn(move || {
             let _guard = held.reading.lock();
             panic!("poison the clock's lock");
         })
         .join();
+        assert!(panicked.is_err(), "the thread panicked holding the lock");
         assert!(clock.reading.is_poisoned());
         let now = clock.now();
         assert!((1_000_000..1_010_000).contains(&now), "{now}");

@@ -437,8 +437,13 @@ impl Dispatcher {
                                     .send(index, &topic, job, ticket, settler)
                                     .is_err()
                                 {
-                                    // Not expected: only this loop takes slots. Due again now.
-                                    let _ = self.store.retry(&lease, Duration::ZERO).await;
+                                    // Not expected: only this loop takes slots. Due again now
+                                    // (or, if Redis does not answer, once the TTR expires).
+                                    if let Err(error) =
+                                        self.store.retry(&lease, Duration::ZERO).await
+                                    {
+                                        tracing::warn!(%error, topic = %topic, "could not hand a job back; its reservation expires into a requeue");
+                                    }
                                 }
                             }
                         }
@@ -564,8 +569,11 @@ impl Dispatcher {
             confirm,
             permit,
         };
-        // The confirmer only stops after this sender is dropped.
-        let _ = in_flight.send(flight);
+        // The confirmer only stops after this sender is dropped, so it still listens; were
+        // it gone, the job would stay reserved until its TTR requeues it.
+        if in_flight.send(flight).is_err() {
+            tracing::warn!("the confirmer has stopped; a published job waits for its requeue");
+        }
         Ok(())
     }
 
@@ -652,10 +660,10 @@ fn watch_blocked(connection: &Connection, shutdown: CancellationToken) -> watch:
             match event {
                 Some(lapin::Event::ConnectionBlocked(reason)) => {
                     tracing::warn!(%reason, "connection blocked by the broker");
-                    let _ = tx.send(true);
+                    tx.send_replace(true);
                 }
                 Some(lapin::Event::ConnectionUnblocked) => {
-                    let _ = tx.send(false);
+                    tx.send_replace(false);
                 }
                 Some(_) => {}
                 None => return,

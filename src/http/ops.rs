@@ -36,7 +36,9 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Response {
     if redis.is_ok() {
         // Fresh figures when INFO is allowed: an idle bridge writes nothing that could
         // tell that Redis accepts writes again. Best effort: the store keeps the rest.
-        let _ = tokio::time::timeout(PING_TIMEOUT, state.store.probe_health()).await;
+        tokio::time::timeout(PING_TIMEOUT, state.store.probe_health())
+            .await
+            .ok();
     }
     let health = state.store.health().view();
     state.metrics.set_redis_health(&health);
@@ -107,7 +109,9 @@ pub(super) async fn metrics(State(state): State<AppState>, headers: HeaderMap) -
     );
     let stats = topic_stats(&state).await;
     if stats.is_ok() {
-        let _ = tokio::time::timeout(PING_TIMEOUT, state.store.probe_health()).await;
+        tokio::time::timeout(PING_TIMEOUT, state.store.probe_health())
+            .await
+            .ok();
     }
     state.metrics.set_redis_health(&state.store.health().view());
     match stats {

@@ -142,6 +142,10 @@ pub fn decode(delivery: &Delivery, rules: Rules) -> Result<Decoded, Invalid> {
     )
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "the headers of one command in the wire table's order, each refused in the producer's terms"
+)]
 pub fn decode_parts(
     routing_key: &str,
     props: &BasicProperties,

@@ -230,6 +230,10 @@ impl Ingest {
 
     /// One consumer on `connection` until shutdown, a broker error, or (`careful`: one
     /// command at a time) until it is safe to return to the normal prefetch (`Ok(true)`).
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one consumer session's loop: its batching, isolation and ack rules stay side by side"
+    )]
     async fn consume(
         &self,
         connection: &Connection,
@@ -361,8 +365,8 @@ impl Ingest {
         // the commands behind them first (found by tests/chaos.rs: a SIGTERM reordered a
         // job's replaces). Closing the channel returns them and hands over in one step.
         amqp::close_quietly("ingest channels", async {
-            let _ = channel.close(200, "shutdown".into()).await;
-            let _ = side.close(200, "shutdown".into()).await;
+            channel.close(200, "shutdown".into()).await.ok();
+            side.close(200, "shutdown".into()).await.ok();
         })
         .await;
         Ok(recovered && !shutdown.is_cancelled())

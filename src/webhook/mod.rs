@@ -185,45 +185,52 @@ impl Client {
                 status: status.as_u16(),
             });
         }
-        let retry_after = if matches!(status.as_u16(), 429 | 503) {
-            response
-                .headers()
-                .get(RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| parse_retry_after(v, SystemTime::now()))
-        } else {
-            None
-        };
-        let location = response
+        Err(refusal(name, response).await)
+    }
+}
+
+/// What a non-2xx answer means: its class, `Retry-After` (429 and 503 only), and a
+/// reason naming the status and the start of the body.
+async fn refusal(name: &str, response: reqwest::Response) -> Failure {
+    let status = response.status();
+    let retry_after = if matches!(status.as_u16(), 429 | 503) {
+        response
             .headers()
-            .get(reqwest::header::LOCATION)
+            .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        // The body only says why: a slow or huge one is cut, not awaited in full.
-        let mut text = Vec::new();
-        let mut response = response;
-        while text.len() < ERROR_BODY_BYTES {
-            match response.chunk().await {
-                Ok(Some(chunk)) => text.extend_from_slice(&chunk),
-                _ => break,
-            }
+            .and_then(|v| parse_retry_after(v, SystemTime::now()))
+    } else {
+        None
+    };
+    let location = response
+        .headers()
+        .get(reqwest::header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    // The body only says why: a slow or huge one is cut, not awaited in full.
+    let mut text = Vec::new();
+    let mut response = response;
+    while text.len() < ERROR_BODY_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => text.extend_from_slice(&chunk),
+            _ => break,
         }
-        text.truncate(ERROR_BODY_BYTES);
-        let mut reason = format!(
-            "HTTP {} {} from {name}: {}",
-            status.as_u16(),
-            status.canonical_reason().unwrap_or(""),
-            String::from_utf8_lossy(&text)
-        );
-        if let (true, Some(location)) = (status.is_redirection(), location) {
-            reason = format!("{reason} (redirect to {location} not followed)");
-        }
-        Err(Failure {
-            code: status_code_class(status.as_u16()),
-            status: Some(status.as_u16()),
-            reason,
-            retry_after,
-        })
+    }
+    text.truncate(ERROR_BODY_BYTES);
+    let mut reason = format!(
+        "HTTP {} {} from {name}: {}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
+        String::from_utf8_lossy(&text)
+    );
+    if let (true, Some(location)) = (status.is_redirection(), location) {
+        reason = format!("{reason} (redirect to {location} not followed)");
+    }
+    Failure {
+        code: status_code_class(status.as_u16()),
+        status: Some(status.as_u16()),
+        reason,
+        retry_after,
     }
 }
 
@@ -305,8 +312,9 @@ fn redact(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut u) => {
             u.set_query(None);
-            let _ = u.set_password(None);
-            let _ = u.set_username("");
+            // Only URLs that cannot hold credentials refuse these: nothing to remove then.
+            u.set_password(None).ok();
+            u.set_username("").ok();
             u.to_string()
         }
         Err(_) => "?".into(),

@@ -2,6 +2,7 @@
 //! both need against the real services: names no other run uses, cleanup of a key
 //! prefix, the depth of a queue, and `redisched run` as a child process.
 #![forbid(unsafe_code)]
+#![warn(clippy::too_many_lines, clippy::let_underscore_must_use)]
 
 use std::io;
 use std::path::Path;
@@ -103,8 +104,9 @@ impl ChildBridge {
 
     /// SIGKILL (no chance to clean up), then reap.
     pub fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // It may have exited already: then there is nothing to kill, and wait reaps it.
+        self.child.kill().ok();
+        self.child.wait().ok();
     }
 
     /// SIGTERM (graceful stop) and wait up to `within`. Returns the exit status and how

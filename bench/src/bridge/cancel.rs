@@ -13,13 +13,13 @@ use serde_json::{json, Value};
 use super::common::{self, Cleanup, Env, Ticker};
 use super::ingest;
 
-pub struct Params {
+pub(super) struct Params {
     pub deletes: u64,
     pub amqp_deletes: u64,
     pub body_bytes: usize,
 }
 
-pub async fn run(env: &Env, params: &Params) -> Result<Value> {
+pub(super) async fn run(env: &Env, params: &Params) -> Result<Value> {
     let lua = lua(env, params).await?;
     let amqp = ingest::run(
         env,

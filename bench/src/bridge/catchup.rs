@@ -36,7 +36,7 @@ use serde_json::{json, Value};
 use super::common::{self, Arrival, Bridge, Cleanup, CommandRoute, Env, Lateness, Paced};
 use super::dispatch;
 
-pub struct Params {
+pub(super) struct Params {
     /// Backlog jobs, all due when the bridge starts.
     pub jobs: u64,
     /// Backlog topics the jobs are spread over (evenly).
@@ -57,7 +57,7 @@ const CEILING_MESSAGES: u64 = 200_000;
 /// Redis bytes a job costs beyond its body and id, with a margin (about 210 measured).
 const REDIS_BYTES_PER_JOB_BEYOND_BODY: u64 = 300;
 
-pub async fn run(env: &Env, params: &Params) -> Result<Value> {
+pub(super) async fn run(env: &Env, params: &Params) -> Result<Value> {
     let mut config = common::bench_config(env, "catchup");
     config.dispatch.window = params.window;
     let name = config.redis.prefix.clone();

@@ -22,7 +22,7 @@ fn points(value: &Value) -> Vec<(f64, f64)> {
 }
 
 /// Draws what `report` holds (missing scenarios leave their panel empty).
-pub fn draw(report: &Value, path: &Path) -> Result<()> {
+pub(super) fn draw(report: &Value, path: &Path) -> Result<()> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
     }

@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, Semaphore};
 
 /// Where the services are and which bridge binary to run.
 #[derive(Clone, Debug)]
-pub struct Env {
+pub(crate) struct Env {
     pub redis_url: String,
     pub amqp_url: String,
     pub bridge_bin: PathBuf,
@@ -34,7 +34,11 @@ pub struct Env {
 
 impl Env {
     /// The bridge binary defaults to `redisched` beside this executable (same profile).
-    pub fn new(redis_url: String, amqp_url: String, bridge_bin: Option<PathBuf>) -> Result<Self> {
+    pub(crate) fn new(
+        redis_url: String,
+        amqp_url: String,
+        bridge_bin: Option<PathBuf>,
+    ) -> Result<Self> {
         let bridge_bin = match bridge_bin {
             Some(path) => path,
             None => std::env::current_exe()
@@ -56,12 +60,12 @@ impl Env {
 }
 
 /// A name no other run uses: `bench-<label>-<pid>-<time>-<n>`.
-pub fn unique(label: &str) -> String {
+pub(crate) fn unique(label: &str) -> String {
     redisched_testkit::unique(&format!("bench-{label}"))
 }
 
 /// Production defaults with every name unique to this scenario and HTTP off.
-pub fn bench_config(env: &Env, label: &str) -> Config {
+pub(crate) fn bench_config(env: &Env, label: &str) -> Config {
     let mut config = Config::default();
     redisched_testkit::isolate(&mut config, &unique(label));
     config.redis.url = env.redis_url.clone();
@@ -73,13 +77,13 @@ pub fn bench_config(env: &Env, label: &str) -> Config {
 }
 
 /// A `redisched run` child process; killed on drop if still running.
-pub struct Bridge {
+pub(crate) struct Bridge {
     process: ChildBridge,
     pub started: Instant,
 }
 
 impl Bridge {
-    pub fn start(env: &Env, config: &Config) -> Result<Self> {
+    pub(crate) fn start(env: &Env, config: &Config) -> Result<Self> {
         let process = ChildBridge::spawn(&env.bridge_bin, config, Stdio::null(), Stdio::inherit())
             .with_context(|| format!("spawn {} run", env.bridge_bin.display()))?;
         Ok(Self {
@@ -90,7 +94,11 @@ impl Bridge {
 
     /// As [`Bridge::start`], with `--config file` too: for what has no env form
     /// (`[[targets]]`); the env still overrides the file.
-    pub fn start_with_file(env: &Env, config: &Config, file: &std::path::Path) -> Result<Self> {
+    pub(crate) fn start_with_file(
+        env: &Env,
+        config: &Config,
+        file: &std::path::Path,
+    ) -> Result<Self> {
         let child = std::process::Command::new(&env.bridge_bin)
             .arg("--config")
             .arg(file)
@@ -112,22 +120,22 @@ impl Bridge {
         })
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.process.pid()
     }
 
     /// Resident set size in KiB (`VmRSS` of /proc/<pid>/status).
-    pub fn rss_kib(&self) -> Option<u64> {
+    pub(crate) fn rss_kib(&self) -> Option<u64> {
         rss_kib(self.pid())
     }
 
     /// User + system CPU seconds the bridge used so far (/proc/<pid>/stat).
-    pub fn cpu_seconds(&self) -> Option<f64> {
+    pub(crate) fn cpu_seconds(&self) -> Option<f64> {
         cpu_seconds(self.pid())
     }
 
     /// Fails if the bridge exited early (bad config, cannot connect…).
-    pub fn check_alive(&mut self) -> Result<()> {
+    pub(crate) fn check_alive(&mut self) -> Result<()> {
         if let Some(status) = self.process.child.try_wait()? {
             bail!("the bridge exited early: {status}");
         }
@@ -135,7 +143,7 @@ impl Bridge {
     }
 
     /// SIGTERM, then wait (graceful stop).
-    pub fn stop(mut self) -> Result<()> {
+    pub(crate) fn stop(mut self) -> Result<()> {
         match self.process.terminate(Duration::from_secs(20))? {
             Some(_) => Ok(()),
             None => bail!("the bridge did not stop within 20 s of SIGTERM"),
@@ -143,7 +151,7 @@ impl Bridge {
     }
 }
 
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
+pub(crate) fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may hold spaces) start at state (field 3).
     let rest = &stat[stat.rfind(')')? + 2..];
@@ -154,7 +162,7 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 /// CPU seconds used so far by every process named `comm` (e.g. `beam.smp`).
-pub fn cpu_of_name(comm: &str) -> f64 {
+pub(crate) fn cpu_of_name(comm: &str) -> f64 {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return 0.0;
     };
@@ -170,7 +178,7 @@ pub fn cpu_of_name(comm: &str) -> f64 {
 
 /// CPU seconds of RabbitMQ, Redis and this process, to say where a phase's time went.
 #[derive(Clone, Copy)]
-pub struct CpuMark {
+pub(crate) struct CpuMark {
     rabbitmq: f64,
     redis: f64,
     bench: f64,
@@ -178,7 +186,7 @@ pub struct CpuMark {
 }
 
 impl CpuMark {
-    pub fn now() -> Self {
+    pub(crate) fn now() -> Self {
         Self {
             rabbitmq: cpu_of_name("beam.smp"),
             redis: cpu_of_name("redis-server"),
@@ -188,7 +196,7 @@ impl CpuMark {
     }
 
     /// CPU microseconds per item since `self`, by process (the bridge's if given).
-    pub fn per_item(&self, items: u64, bridge_cpu: Option<f64>) -> Value {
+    pub(crate) fn per_item(&self, items: u64, bridge_cpu: Option<f64>) -> Value {
         let end = Self::now();
         let us = |s: f64| round2(s * 1e6 / items.max(1) as f64);
         json!({
@@ -202,13 +210,13 @@ impl CpuMark {
     }
 }
 
-pub fn rss_kib(pid: u32) -> Option<u64> {
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-pub async fn amqp(url: &str) -> Result<Connection> {
+pub(crate) async fn amqp(url: &str) -> Result<Connection> {
     Connection::connect(url, ConnectionProperties::default())
         .await
         .with_context(|| {
@@ -219,7 +227,7 @@ pub async fn amqp(url: &str) -> Result<Connection> {
         })
 }
 
-pub async fn store(config: &Config) -> Result<Store> {
+pub(crate) async fn store(config: &Config) -> Result<Store> {
     Store::connect(&config.connect_options(), config.limits())
         .await
         .with_context(|| {
@@ -230,7 +238,7 @@ pub async fn store(config: &Config) -> Result<Store> {
         })
 }
 
-pub fn durable_exchange() -> ExchangeDeclareOptions {
+pub(crate) fn durable_exchange() -> ExchangeDeclareOptions {
     ExchangeDeclareOptions {
         durable: true,
         ..ExchangeDeclareOptions::default()
@@ -238,7 +246,7 @@ pub fn durable_exchange() -> ExchangeDeclareOptions {
 }
 
 /// A durable queue (persistent messages really go to disk) bound to `exchange` with `#`.
-pub async fn durable_queue(
+pub(crate) async fn durable_queue(
     channel: &Channel,
     queue: &str,
     exchange: &str,
@@ -248,7 +256,7 @@ pub async fn durable_queue(
 }
 
 /// A durable queue bound to `exchange` with `binding_key` only (a topic pattern).
-pub async fn bound_queue(
+pub(crate) async fn bound_queue(
     channel: &Channel,
     queue: &str,
     exchange: &str,
@@ -281,7 +289,7 @@ pub async fn bound_queue(
 
 /// The arguments of the bridge's commands queue that shape its speed (single active
 /// consumer, and quorum when `amqp.quorum_queues`), for queues that stand in for it.
-pub fn commands_queue_args(amqp: &redisched::config::AmqpConfig) -> FieldTable {
+pub(crate) fn commands_queue_args(amqp: &redisched::config::AmqpConfig) -> FieldTable {
     let mut args = FieldTable::default();
     args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
     if amqp.quorum_queues {
@@ -293,7 +301,7 @@ pub fn commands_queue_args(amqp: &redisched::config::AmqpConfig) -> FieldTable {
     args
 }
 
-pub async fn declare_exchange(channel: &Channel, exchange: &str) -> Result<()> {
+pub(crate) async fn declare_exchange(channel: &Channel, exchange: &str) -> Result<()> {
     channel
         .exchange_declare(
             exchange.into(),
@@ -307,14 +315,14 @@ pub async fn declare_exchange(channel: &Channel, exchange: &str) -> Result<()> {
 }
 
 /// Ready messages in a queue (passive declare).
-pub async fn queue_depth(channel: &Channel, queue: &str) -> Result<u32> {
+pub(crate) async fn queue_depth(channel: &Channel, queue: &str) -> Result<u32> {
     redisched_testkit::queue_depth(channel, queue)
         .await
         .with_context(|| format!("inspect queue {queue}"))
 }
 
 /// Consumers of a queue (passive declare).
-pub async fn queue_consumers(channel: &Channel, queue: &str) -> Result<u32> {
+pub(crate) async fn queue_consumers(channel: &Channel, queue: &str) -> Result<u32> {
     let passive = QueueDeclareOptions {
         passive: true,
         ..QueueDeclareOptions::default()
@@ -327,7 +335,7 @@ pub async fn queue_consumers(channel: &Channel, queue: &str) -> Result<u32> {
 }
 
 /// What a run created, deleted at the end (also after a failure).
-pub struct Cleanup {
+pub(crate) struct Cleanup {
     pub amqp_url: String,
     pub redis_url: String,
     pub queues: Vec<String>,
@@ -336,7 +344,7 @@ pub struct Cleanup {
 }
 
 impl Cleanup {
-    pub fn for_config(config: &Config) -> Self {
+    pub(crate) fn for_config(config: &Config) -> Self {
         let a = &config.amqp;
         Self {
             amqp_url: a.url.clone(),
@@ -351,7 +359,7 @@ impl Cleanup {
         }
     }
 
-    pub async fn run(&self) {
+    pub(crate) async fn run(&self) {
         if let Ok(connection) = amqp(&self.amqp_url).await {
             if let Ok(channel) = connection.create_channel().await {
                 for queue in &self.queues {
@@ -376,7 +384,7 @@ impl Cleanup {
 }
 
 /// Deletes every key under `prefix:` (SCAN + UNLINK, on a blocking thread).
-pub async fn delete_prefix(redis_url: &str, prefix: &str) -> Result<u64> {
+pub(crate) async fn delete_prefix(redis_url: &str, prefix: &str) -> Result<u64> {
     let (url, owned) = (redis_url.to_string(), prefix.to_string());
     let deleted =
         tokio::task::spawn_blocking(move || redisched_testkit::delete_prefix(&url, &owned))
@@ -385,16 +393,16 @@ pub async fn delete_prefix(redis_url: &str, prefix: &str) -> Result<u64> {
     Ok(deleted)
 }
 
-pub fn body(bytes: usize) -> Vec<u8> {
+pub(crate) fn body(bytes: usize) -> Vec<u8> {
     (0..bytes).map(|i| b'a' + (i % 26) as u8).collect()
 }
 
-pub fn job_id(kind: &str, n: u64) -> String {
+pub(crate) fn job_id(kind: &str, n: u64) -> String {
     format!("{kind}-{n:016}")
 }
 
 /// Puts `count` jobs (`kind-<n>`) through `Store::apply`, 1,000 per pipeline, 4 in flight.
-pub async fn load_jobs(
+pub(crate) async fn load_jobs(
     store: &Store,
     topic: &Topic,
     kind: &str,
@@ -443,7 +451,7 @@ pub async fn load_jobs(
 /// Publishes `count` messages with confirms, at most `window` unconfirmed; `make(n)`
 /// gives routing key, properties and body. Returns when all are confirmed. An empty
 /// `label` prints no progress (publishers running side by side).
-pub async fn publish_confirmed<F>(
+pub(crate) async fn publish_confirmed<F>(
     channel: &Channel,
     exchange: &str,
     count: u64,
@@ -508,7 +516,7 @@ where
 
 /// Where a paced producer publishes its put commands, and how it names them.
 #[derive(Clone, Debug)]
-pub struct CommandRoute {
+pub(crate) struct CommandRoute {
     pub exchange: String,
     pub routing_key: String,
     /// Message ids are `<id_prefix>-<n>`, n counting from 0.
@@ -517,7 +525,7 @@ pub struct CommandRoute {
 
 /// What a paced producer did.
 #[derive(Clone, Copy, Debug)]
-pub struct Paced {
+pub(crate) struct Paced {
     pub sent: u64,
     pub achieved_rate: f64,
     /// The most messages it was behind its schedule (0 = kept pace).
@@ -531,7 +539,7 @@ const PACED_WINDOW: usize = 5000;
 /// until they run out or `stop` is set: every 5 ms it catches up with rate × elapsed.
 /// Each carries the producer-clock headers, is persistent and confirmed. An empty
 /// `label` prints no progress.
-pub async fn publish_paced(
+pub(crate) async fn publish_paced(
     channel: &Channel,
     route: &CommandRoute,
     rate: u64,
@@ -603,7 +611,7 @@ pub async fn publish_paced(
 }
 
 /// A put command as the wire contract defines it.
-pub fn command_props(id: &str, headers: &[(&str, AMQPValue)]) -> BasicProperties {
+pub(crate) fn command_props(id: &str, headers: &[(&str, AMQPValue)]) -> BasicProperties {
     let mut table = FieldTable::default();
     for (k, v) in headers {
         table.insert((*k).into(), v.clone());
@@ -614,7 +622,7 @@ pub fn command_props(id: &str, headers: &[(&str, AMQPValue)]) -> BasicProperties
         .with_headers(table)
 }
 
-pub fn text(s: &str) -> AMQPValue {
+pub(crate) fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s))
 }
 
@@ -622,11 +630,11 @@ pub fn text(s: &str) -> AMQPValue {
 /// (epoch µs) when it published the command, and when it wants the job (that instant +
 /// `x-delay`). They are not `x-redisched-*` headers, so the bridge stores and forwards
 /// them like any application header and they come back on the delivered job.
-pub const PUBLISHED_US_HEADER: &str = "x-bench-published-us";
-pub const PRODUCER_DUE_US_HEADER: &str = "x-bench-producer-due-us";
+pub(crate) const PUBLISHED_US_HEADER: &str = "x-bench-published-us";
+pub(crate) const PRODUCER_DUE_US_HEADER: &str = "x-bench-producer-due-us";
 
 /// The producer-clock headers of a command published now with `delay_ms`.
-pub fn producer_clock_headers(delay_ms: i64) -> [(&'static str, AMQPValue); 2] {
+pub(crate) fn producer_clock_headers(delay_ms: i64) -> [(&'static str, AMQPValue); 2] {
     let published_us = now_us();
     [
         (PUBLISHED_US_HEADER, AMQPValue::LongLongInt(published_us)),
@@ -640,7 +648,7 @@ pub fn producer_clock_headers(delay_ms: i64) -> [(&'static str, AMQPValue); 2] {
 /// One delivery seen by a sink: arrival (epoch µs), `x-redisched-due-at` and the
 /// producer-clock headers, each if present.
 #[derive(Clone, Copy, Debug)]
-pub struct Arrival {
+pub(crate) struct Arrival {
     pub at_us: i64,
     pub due_at_ms: Option<i64>,
     pub published_us: Option<i64>,
@@ -649,18 +657,18 @@ pub struct Arrival {
 
 impl Arrival {
     /// Lateness in ms against `x-redisched-due-at` (the due time the bridge computed).
-    pub fn vs_due_at_ms(&self) -> Option<f64> {
+    pub(crate) fn vs_due_at_ms(&self) -> Option<f64> {
         Some(self.at_us as f64 / 1000.0 - self.due_at_ms? as f64)
     }
 
     /// Lateness in ms against the producer's clock: publish instant + `x-delay`.
-    pub fn vs_producer_ms(&self) -> Option<f64> {
+    pub(crate) fn vs_producer_ms(&self) -> Option<f64> {
         Some((self.at_us - self.producer_due_us?) as f64 / 1000.0)
     }
 }
 
 /// An integer header (any AMQP integer width).
-pub fn int_header(properties: &BasicProperties, name: &str) -> Option<i64> {
+pub(crate) fn int_header(properties: &BasicProperties, name: &str) -> Option<i64> {
     match properties.headers().as_ref()?.inner().get(name)? {
         AMQPValue::LongLongInt(v) => Some(*v),
         AMQPValue::LongInt(v) => Some(i64::from(*v)),
@@ -672,7 +680,7 @@ pub fn int_header(properties: &BasicProperties, name: &str) -> Option<i64> {
 
 /// A consumer (auto-ack, prefetch 2,000) counting deliveries and, if `record`, sending
 /// each one's arrival time.
-pub struct Sink {
+pub(crate) struct Sink {
     pub count: Arc<AtomicU64>,
     pub arrivals: mpsc::UnboundedReceiver<Arrival>,
     channel: Channel,
@@ -680,12 +688,12 @@ pub struct Sink {
 
 impl Sink {
     /// Closes the consumer's channel.
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         let _ = self.channel.close(200, "done".into()).await;
     }
 }
 
-pub async fn sink(connection: &Connection, queue: &str, record: bool) -> Result<Sink> {
+pub(crate) async fn sink(connection: &Connection, queue: &str, record: bool) -> Result<Sink> {
     let channel = connection.create_channel().await?;
     channel.basic_qos(2000, BasicQosOptions::default()).await?;
     let mut consumer = channel
@@ -729,7 +737,7 @@ pub async fn sink(connection: &Connection, queue: &str, record: bool) -> Result<
     })
 }
 
-pub fn now_us() -> i64 {
+pub(crate) fn now_us() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as i64)
@@ -738,13 +746,13 @@ pub fn now_us() -> i64 {
 
 /// Counts sampled over time: (seconds since start, rate per second in that interval).
 #[derive(Default, Clone)]
-pub struct Series {
+pub(crate) struct Series {
     pub points: Vec<(f64, f64)>,
     last: Option<(f64, u64)>,
 }
 
 impl Series {
-    pub fn sample(&mut self, t: f64, total: u64) {
+    pub(crate) fn sample(&mut self, t: f64, total: u64) {
         if let Some((t0, n0)) = self.last {
             if t > t0 {
                 self.points
@@ -754,7 +762,7 @@ impl Series {
         self.last = Some((t, total));
     }
 
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         json!(self
             .points
             .iter()
@@ -764,13 +772,13 @@ impl Series {
 }
 
 /// A progress line at most every second.
-pub struct Ticker(Instant);
+pub(crate) struct Ticker(Instant);
 
 impl Ticker {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self(Instant::now())
     }
-    pub fn due(&mut self) -> bool {
+    pub(crate) fn due(&mut self) -> bool {
         if self.0.elapsed() >= Duration::from_secs(1) {
             self.0 = Instant::now();
             true
@@ -780,7 +788,7 @@ impl Ticker {
     }
 }
 
-pub fn progress(label: &str, done: u64, total: u64, started: Instant) {
+pub(crate) fn progress(label: &str, done: u64, total: u64, started: Instant) {
     let rate = done as f64 / started.elapsed().as_secs_f64().max(1e-9);
     eprint!(
         "\r  {label}: {done}/{total} ({:.0}%, {rate:.0}/s)        ",
@@ -789,7 +797,7 @@ pub fn progress(label: &str, done: u64, total: u64, started: Instant) {
     let _ = std::io::stderr().flush();
 }
 
-pub fn progress_done(label: &str, done: u64, started: Instant) {
+pub(crate) fn progress_done(label: &str, done: u64, started: Instant) {
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
         "\r  {label}: {done} in {secs:.2} s ({:.0}/s)                    ",
@@ -797,11 +805,11 @@ pub fn progress_done(label: &str, done: u64, started: Instant) {
     );
 }
 
-pub fn per_sec(n: u64, d: Duration) -> f64 {
+pub(crate) fn per_sec(n: u64, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64().max(1e-9)
 }
 
-pub fn ratio(value: f64, ceiling: f64) -> f64 {
+pub(crate) fn ratio(value: f64, ceiling: f64) -> f64 {
     if ceiling > 0.0 {
         value / ceiling
     } else {
@@ -811,7 +819,7 @@ pub fn ratio(value: f64, ceiling: f64) -> f64 {
 
 /// Lateness percentiles in ms.
 #[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct Lateness {
+pub(crate) struct Lateness {
     pub count: usize,
     pub p50_ms: f64,
     pub p99_ms: f64,
@@ -822,7 +830,7 @@ pub struct Lateness {
 
 impl Lateness {
     /// `values` in ms (negative = early); sorts them.
-    pub fn of(values: &mut [f64]) -> Self {
+    pub(crate) fn of(values: &mut [f64]) -> Self {
         values.sort_by(|a, b| a.total_cmp(b));
         let q = |p: f64| -> f64 {
             if values.is_empty() {
@@ -842,12 +850,12 @@ impl Lateness {
     }
 }
 
-pub fn round2(v: f64) -> f64 {
+pub(crate) fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
 }
 
 /// Polls `check` every 50 ms until it is true or `timeout` passed (then fails).
-pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<()>
+pub(crate) async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<()>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<bool>>,
@@ -864,14 +872,14 @@ where
     }
 }
 
-pub fn topic(name: &str) -> Result<Topic> {
+pub(crate) fn topic(name: &str) -> Result<Topic> {
     Topic::new(name).context("topic")
 }
 
 /// Which outcome-history settings a scenario measures: the default cap
 /// (`history.max_per_topic` = 1000), none (0), or both alternating in one run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum HistoryChoice {
+pub(crate) enum HistoryChoice {
     Both,
     On,
     Off,
@@ -879,21 +887,21 @@ pub enum HistoryChoice {
 
 /// One side of an on/off comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum History {
+pub(crate) enum History {
     On,
     Off,
 }
 
 impl History {
     /// The history cap the store and the bridge are given.
-    pub fn max(self) -> u32 {
+    pub(crate) fn max(self) -> u32 {
         match self {
             History::On => redisched::store::DEFAULT_HISTORY_MAX,
             History::Off => 0,
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             History::On => "on",
             History::Off => "off",
@@ -902,7 +910,7 @@ impl History {
 
     /// Run `run` (0-based) of an alternating comparison: on first in even runs, off
     /// first in odd ones, so a drift of the shared machine does not favour one side.
-    pub fn order(run: usize) -> [History; 2] {
+    pub(crate) fn order(run: usize) -> [History; 2] {
         if run.is_multiple_of(2) {
             [History::On, History::Off]
         } else {
@@ -913,7 +921,7 @@ impl History {
 
 impl HistoryChoice {
     /// The sides measured in run `run`.
-    pub fn sides(self, run: usize) -> Vec<History> {
+    pub(crate) fn sides(self, run: usize) -> Vec<History> {
         match self {
             HistoryChoice::Both => History::order(run).to_vec(),
             HistoryChoice::On => vec![History::On],
@@ -924,7 +932,7 @@ impl HistoryChoice {
 
 /// Median, min and max of repeated measurements (the figure quoted for ≥ 3 runs).
 #[derive(Clone, Copy, Debug, serde::Serialize)]
-pub struct Spread {
+pub(crate) struct Spread {
     pub median: f64,
     pub min: f64,
     pub max: f64,
@@ -933,7 +941,7 @@ pub struct Spread {
 
 impl Spread {
     /// `None` for no values; the median of an even count is the mean of the middle two.
-    pub fn of(values: &[f64]) -> Option<Self> {
+    pub(crate) fn of(values: &[f64]) -> Option<Self> {
         let mut sorted: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
         if sorted.is_empty() {
             return None;
@@ -953,7 +961,7 @@ impl Spread {
         })
     }
 
-    pub fn to_json(self, decimals: i32) -> Value {
+    pub(crate) fn to_json(self, decimals: i32) -> Value {
         let scale = 10f64.powi(decimals);
         let r = |v: f64| (v * scale).round() / scale;
         json!({ "median": r(self.median), "min": r(self.min), "max": r(self.max), "runs": self.runs })
@@ -961,7 +969,7 @@ impl Spread {
 }
 
 /// `median (min–max)` of a JSON spread, with `decimals` digits; `-` if absent.
-pub fn spread_text(v: &Value, decimals: usize) -> String {
+pub(crate) fn spread_text(v: &Value, decimals: usize) -> String {
     match (v["median"].as_f64(), v["min"].as_f64(), v["max"].as_f64()) {
         (Some(m), Some(lo), Some(hi)) => {
             format!("{m:.decimals$} ({lo:.decimals$}–{hi:.decimals$})")
@@ -971,7 +979,7 @@ pub fn spread_text(v: &Value, decimals: usize) -> String {
 }
 
 /// Load average (1, 5, 15 min) from /proc/loadavg, to print beside shared-machine figures.
-pub fn load_average() -> Value {
+pub(crate) fn load_average() -> Value {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .map(|s| {

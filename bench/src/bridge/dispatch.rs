@@ -26,7 +26,7 @@ use super::common::{
     self, Bridge, Cleanup, Env, History, HistoryChoice, Series, Sink, Spread, Ticker,
 };
 
-pub struct Params {
+pub(super) struct Params {
     pub jobs: u64,
     pub body_bytes: usize,
     /// Confirm window of the bridge (`dispatch.window`) and of the ceiling publisher.
@@ -39,7 +39,7 @@ pub struct Params {
     pub runs: usize,
 }
 
-pub async fn run(env: &Env, params: &Params) -> Result<Value> {
+pub(super) async fn run(env: &Env, params: &Params) -> Result<Value> {
     let mut config = common::bench_config(env, "dispatch");
     config.dispatch.window = params.window;
     let name = config.redis.prefix.clone();

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use super::common::{self, Bridge, Cleanup, Env, Series, Ticker};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(super) enum Kind {
     /// Put commands (due in an hour, so dispatch stays idle).
     Put,
     /// Delete commands for jobs loaded beforehand through the store.
@@ -35,12 +35,12 @@ impl Kind {
     }
 }
 
-pub struct Params {
+pub(super) struct Params {
     pub commands: u64,
     pub body_bytes: usize,
 }
 
-pub async fn run(env: &Env, kind: Kind, params: &Params) -> Result<Value> {
+pub(super) async fn run(env: &Env, kind: Kind, params: &Params) -> Result<Value> {
     let config = common::bench_config(env, kind.label());
     let name = config.redis.prefix.clone();
     let mut cleanup = Cleanup::for_config(&config);

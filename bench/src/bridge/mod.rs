@@ -44,10 +44,10 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-pub use common::Env;
+pub(crate) use common::Env;
 
 #[derive(Subcommand)]
-pub enum BridgeCommand {
+pub(crate) enum BridgeCommand {
     /// Dispatch throughput (N due jobs -> published, confirmed, released) beside a plain
     /// confirmed lapin publisher and the best of 1, 2, 4, 8 such publishers; also the
     /// bridge's RSS.
@@ -77,7 +77,7 @@ pub enum BridgeCommand {
 }
 
 #[derive(Args, Clone, Debug)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// Small sizes and short phases, for CI (about a minute for `all`).
     #[arg(long)]
     pub quick: bool,
@@ -273,7 +273,7 @@ impl RunArgs {
 
 /// Runs one bridge scenario, or all of them. `store` runs the store bench (defined by
 /// the main file) writing its JSON to the given path, once per round of `all`.
-pub async fn run<F, Fut>(command: BridgeCommand, store: F) -> Result<()>
+pub(crate) async fn run<F, Fut>(command: BridgeCommand, store: F) -> Result<()>
 where
     F: Fn(bool, PathBuf) -> Fut,
     Fut: Future<Output = Result<()>>,

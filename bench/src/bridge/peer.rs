@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-pub struct Params {
+pub(super) struct Params {
     pub jobs: u64,
     pub rates: Vec<u64>,
     pub seconds: f64,
@@ -16,7 +16,7 @@ pub struct Params {
 }
 
 /// `bench/peer` of this checkout (or of the working directory).
-pub fn dir() -> PathBuf {
+pub(super) fn dir() -> PathBuf {
     let here = Path::new("bench/peer");
     if here.join("bullmq.mjs").exists() {
         return here.to_path_buf();
@@ -25,7 +25,7 @@ pub fn dir() -> PathBuf {
 }
 
 /// Runs the script and returns its JSON report. Fails with a hint if `npm ci` was not run.
-pub async fn run(params: &Params) -> Result<Value> {
+pub(super) async fn run(params: &Params) -> Result<Value> {
     let dir = dir();
     if !dir.join("node_modules/bullmq").exists() {
         bail!(

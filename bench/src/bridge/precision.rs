@@ -43,14 +43,14 @@ use super::common::{
     self, Arrival, Bridge, Cleanup, CommandRoute, Env, Lateness, Paced, Sink, Ticker,
 };
 
-pub struct Params {
+pub(super) struct Params {
     pub rates: Vec<u64>,
     pub seconds: f64,
     pub max_delay_ms: u64,
     pub body_bytes: usize,
 }
 
-pub async fn run(env: &Env, params: &Params) -> Result<Value> {
+pub(super) async fn run(env: &Env, params: &Params) -> Result<Value> {
     let config = common::bench_config(env, "precision");
     let name = config.redis.prefix.clone();
     let mut cleanup = Cleanup::for_config(&config);

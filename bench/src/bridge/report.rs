@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use super::common::{self, Spread};
 
 /// The run's context, taken at its start; `finish` adds the end.
-pub struct RunContext {
+pub(super) struct RunContext {
     started: SystemTime,
     load_start: Value,
     git_commit: String,
@@ -22,7 +22,7 @@ pub struct RunContext {
 
 impl RunContext {
     /// Never fails: what cannot be found is recorded as "unknown".
-    pub async fn start(redis_url: &str, amqp_url: &str) -> Self {
+    pub(super) async fn start(redis_url: &str, amqp_url: &str) -> Self {
         Self {
             started: SystemTime::now(),
             load_start: common::load_average(),
@@ -39,7 +39,7 @@ impl RunContext {
         }
     }
 
-    pub fn finish(&self) -> Value {
+    pub(super) fn finish(&self) -> Value {
         let utc = |t: SystemTime| humantime::format_rfc3339_seconds(t).to_string();
         json!({
             "started_utc": utc(self.started),
@@ -133,7 +133,7 @@ async fn rabbitmq_version(amqp_url: &str) -> Option<String> {
 /// passes inside a round) counts with its median; objects and arrays of objects (one
 /// per rate, per publisher count…) are merged field by field and item by item; arrays
 /// of numbers (time series, CDFs, load averages) are left to the rounds.
-pub fn summary(rounds: &[Value]) -> Value {
+pub(super) fn summary(rounds: &[Value]) -> Value {
     let all: Vec<&Value> = rounds.iter().collect();
     merge(&all).unwrap_or(Value::Null)
 }

@@ -6,7 +6,7 @@
 use serde_json::Value;
 
 /// The header lines: dates (UTC), commit, versions, machine and load average.
-pub fn print_header(report: &Value) {
+pub(super) fn print_header(report: &Value) {
     let c = &report["context"];
     let text = |v: &Value| v.as_str().unwrap_or("unknown").to_string();
     let loads = |v: &Value| {
@@ -118,7 +118,7 @@ fn percentiles(l: &Value) -> String {
     )
 }
 
-pub fn print_table(r: &Value) {
+pub(super) fn print_table(r: &Value) {
     let mut rows: Vec<[String; 5]> = Vec::new();
     let st = &r["store"];
     if st.is_object() {

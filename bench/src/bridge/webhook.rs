@@ -52,7 +52,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::common::{self, Arrival, Bridge, Cleanup, CommandRoute, Env, Lateness, Spread, Ticker};
 
-pub struct Params {
+pub(super) struct Params {
     /// Due jobs of the throughput figure.
     pub jobs: u64,
     /// The target's `max_in_flight`, and the ceiling's and the floor's concurrency.
@@ -74,7 +74,7 @@ fn forwarded(name: &str) -> String {
     format!("{}{name}", redisched::webhook::FORWARDED_PREFIX)
 }
 
-pub async fn run(env: &Env, params: &Params) -> Result<Value> {
+pub(super) async fn run(env: &Env, params: &Params) -> Result<Value> {
     let config = common::bench_config(env, "webhook");
     let name = config.redis.prefix.clone();
     let mut cleanup = Cleanup::for_config(&config);
@@ -273,7 +273,7 @@ fn plain_client(max_in_flight: usize, timeout_ms: u64) -> Result<reqwest::Client
 
 /// The headers the bridge sends with a raw body and no secrets, same names and sizes,
 /// and `extra` ones (the bench's own, valid names).
-fn like_the_bridge(n: u64, extra: &[(&str, String)]) -> reqwest::header::HeaderMap {
+fn like_the_bridge(n: u64, extra: &[(&str, String)]) -> HeaderMap {
     let now_ms = common::now_us() / 1000;
     let fields = [
         ("content-type", "application/octet-stream".to_string()),
@@ -284,7 +284,7 @@ fn like_the_bridge(n: u64, extra: &[(&str, String)]) -> reqwest::header::HeaderM
         ("webhook-id", format!("msg_{n:032x}")),
         ("webhook-timestamp", (now_ms / 1000).to_string()),
     ];
-    let mut map = reqwest::header::HeaderMap::new();
+    let mut map = HeaderMap::new();
     for (name, value) in fields.iter().chain(extra.iter()) {
         if let (Ok(name), Ok(value)) = (
             reqwest::header::HeaderName::from_bytes(name.as_bytes()),
