@@ -62,6 +62,9 @@ pub struct Client {
     pub target: Arc<TargetConfig>,
     keys: Arc<Vec<Vec<u8>>>,
     extra: HeaderMap,
+    /// The target's URL, parsed once: the common case (no per-job URL) then costs no
+    /// parse (with its IDNA pass) per request.
+    url: reqwest::Url,
 }
 
 impl Client {
@@ -96,11 +99,14 @@ impl Client {
             };
             extra.insert(name, value);
         }
+        let url = reqwest::Url::parse(&target.url)
+            .map_err(|e| format!("target {}: url: {e}", target.name))?;
         Ok(Self {
             http,
             target: Arc::new(target),
             keys: Arc::new(keys),
             extra,
+            url,
         })
     }
 
@@ -121,6 +127,10 @@ impl Client {
             .target
             .url_for(job_url.as_deref())
             .map_err(|reason| failure("url", reason))?;
+        let parsed = match job_url {
+            None => self.url.clone(),
+            Some(_) => reqwest::Url::parse(url).map_err(|e| failure("url", e.to_string()))?,
+        };
         let body = match self.target.body_mode() {
             BodyMode::Raw => job.body.to_vec(),
             BodyMode::Seed => seed_body(job),
@@ -163,7 +173,7 @@ impl Client {
         }
         let response = self
             .http
-            .post(url)
+            .post(parsed)
             .headers(request_headers)
             .body(body)
             .send()
