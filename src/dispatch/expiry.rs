@@ -1,0 +1,187 @@
+//! Expiry at dispatch, for both sinks. Right after a reserve, a job whose due time +
+//! expires-after (its own `x-redisched-expires-after`, else its topic's `[[policies]]`
+//! default; 0 = never) lies before the server's clock is not delivered: it is published
+//! to the expired exchange instead (body and properties as a delivery would carry them,
+//! plus `x-redisched-error`), and released only once the broker confirmed that copy
+//! without returning it, logged `expired`. Nothing vanishes: until then it stays
+//! reserved, and a failed copy hands it back.
+//!
+//! The AMQP loop publishes the copy on its own confirm channel, through its confirm
+//! window like any job. The webhook loop runs without a broker: it borrows the channel
+//! of the AMQP session while one is open, and while none is, hands the job back with
+//! backoff (it expires at its next reservation, once the broker is back).
+
+use std::sync::{Mutex, PoisonError};
+
+use lapin::options::BasicPublishOptions;
+use lapin::protocol::basic::AMQPProperties;
+use lapin::types::{AMQPValue, LongString};
+use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
+
+use super::settle::{Settler, Ticket};
+use crate::amqp::{headers, outgoing_properties};
+use crate::job::Topic;
+use crate::policy::Policies;
+use crate::store::ReservedJob;
+
+/// What dispatch needs to judge and set aside expired jobs; shared by the loops.
+#[derive(Debug, Default)]
+pub struct Expiry {
+    policies: Policies,
+    /// The AMQP dispatch session's confirm channel while one is open.
+    channel: Mutex<Option<Channel>>,
+}
+
+impl Expiry {
+    /// With the configuration's `[[policies]]` (their `expires_after_ms` defaults).
+    pub fn new(policies: Policies) -> Self {
+        Self {
+            policies,
+            channel: Mutex::new(None),
+        }
+    }
+
+    /// The job's expiry in ms (0 = never): its own header, else the topic's default. A
+    /// stored value that cannot be read (another client's) counts as none.
+    pub(crate) fn expires_after(&self, topic: &Topic, props: &AMQPProperties) -> u64 {
+        match crate::expiry::of_job(props) {
+            Ok(Some(ms)) => ms,
+            Ok(None) => self.policies.expires_after_for(topic),
+            Err(err) => {
+                tracing::warn!(%topic, %err, "unreadable expiry header; the job does not expire");
+                0
+            }
+        }
+    }
+
+    /// Whether any job of `topic` may expire without its own header: the webhook
+    /// loop decodes a job's meta only when this or the meta may say so.
+    fn may_expire(&self, topic: &Topic, meta: &[u8]) -> bool {
+        self.policies.expires_after_for(topic) > 0
+            || meta
+                .windows(headers::EXPIRES_AFTER.len())
+                .any(|w| w == headers::EXPIRES_AFTER.as_bytes())
+    }
+
+    /// The expiry of a reserved job that expired at `now` (server clock), if it did.
+    pub(crate) fn expired_at(
+        &self,
+        topic: &Topic,
+        job: &ReservedJob,
+        props: &AMQPProperties,
+        now: i64,
+    ) -> Option<u64> {
+        let ms = self.expires_after(topic, props);
+        crate::expiry::is_expired(job.due_at, ms, now).then_some(ms)
+    }
+
+    pub(crate) fn set_channel(&self, channel: Option<Channel>) {
+        *self.channel.lock().unwrap_or_else(PoisonError::into_inner) = channel;
+    }
+
+    fn channel(&self) -> Option<Channel> {
+        self.channel
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .filter(|c| c.status().connected())
+    }
+
+    /// The webhook loop's check of a reserved job: `None` when it is to be POSTed;
+    /// `Some` when it expired, and then it is being set aside (in a task of its own, so
+    /// the loop goes on).
+    pub(crate) fn take_expired(
+        &self,
+        exchange: &str,
+        topic: &Topic,
+        job: &ReservedJob,
+        ticket: &Ticket,
+        settler: &Settler,
+    ) -> Option<()> {
+        if !self.may_expire(topic, &job.meta) {
+            return None;
+        }
+        let props = crate::amqp::decode_meta(&job.meta).unwrap_or_default();
+        let ms = self.expired_at(topic, job, &props, settler.clock.now())?;
+        let ticket = mark_expired(ticket.clone(), ms);
+        let settler = settler.clone();
+        let channel = self.channel();
+        let (exchange, topic, job) = (exchange.to_owned(), topic.clone(), job.clone());
+        tokio::spawn(async move {
+            let Some(channel) = channel else {
+                tracing::debug!(%topic, id = %job.id, "expired job of a webhook topic: no broker channel to set it aside on; handed back");
+                settler
+                    .hand_back(&ticket.lease, settler.retry_delay(job.attempt))
+                    .await;
+                return;
+            };
+            let props = expired_properties(&topic, &job, props, ms);
+            let confirmed = match publish(&channel, &exchange, &topic, &job, props).await {
+                Ok(confirm) => confirm.await.ok(),
+                Err(_) => None,
+            };
+            match confirmed {
+                Some(Confirmation::Ack(None)) => settler.release(&[ticket]).await,
+                other => {
+                    tracing::warn!(%topic, id = %job.id, outcome = ?other.map(|c| format!("{c:?}")), "the expired exchange did not take an expired job; handed back");
+                    settler
+                        .hand_back(&ticket.lease, settler.retry_delay(job.attempt))
+                        .await;
+                }
+            }
+        });
+        Some(())
+    }
+}
+
+/// The ticket of a job set aside as expired after `ms`.
+pub(crate) fn mark_expired(ticket: Ticket, ms: u64) -> Ticket {
+    let reason = crate::expiry::reason(ms);
+    Ticket {
+        note: reason
+            .strip_prefix("expired: ")
+            .unwrap_or(&reason)
+            .to_owned(),
+        expired: Some(ms),
+        ..ticket
+    }
+}
+
+/// What the expired exchange gets: the properties a delivery would carry, plus
+/// `x-redisched-error` with the reason.
+pub(crate) fn expired_properties(
+    topic: &Topic,
+    job: &ReservedJob,
+    stored: AMQPProperties,
+    ms: u64,
+) -> BasicProperties {
+    let props = outgoing_properties(topic.as_str(), job, stored);
+    let mut table = props.headers().clone().unwrap_or_default();
+    table.insert(
+        headers::ERROR.into(),
+        AMQPValue::LongString(LongString::from(crate::expiry::reason(ms).into_bytes())),
+    );
+    props.with_headers(table)
+}
+
+/// Publishes `job` with `props` to `exchange` (routing key = topic), `mandatory`.
+pub(crate) async fn publish(
+    channel: &Channel,
+    exchange: &str,
+    topic: &Topic,
+    job: &ReservedJob,
+    props: BasicProperties,
+) -> lapin::Result<PublisherConfirm> {
+    channel
+        .basic_publish(
+            exchange.into(),
+            topic.as_str().into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            &job.body,
+            props,
+        )
+        .await
+}
