@@ -574,7 +574,7 @@ impl Config {
             };
             let expires_after_ms = match policy.expires_after_ms {
                 None => 0,
-                Some(ms) => crate::expiry::check_ms("expires_after_ms", i128::from(ms))
+                Some(ms) => crate::policy::check_expires_after("expires_after_ms", i128::from(ms))
                     .map_err(|e| invalid(format!("policies[{i}].expires_after_ms"), e.0))?,
             };
             compiled.push(Policy {

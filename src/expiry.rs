@@ -12,28 +12,7 @@ use lapin::BasicProperties;
 
 use crate::amqp::headers;
 
-/// The longest accepted expiry (about 31 years): beyond it a value is a typo.
-pub const MAX_EXPIRES_AFTER_MS: u64 = 1_000_000_000_000;
-
-/// A bad expiry value, in the user's terms.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ExpiryError(pub String);
-
-/// Checks an expiry in ms (0 = never).
-pub fn check_ms(name: &str, ms: i128) -> Result<u64, ExpiryError> {
-    if ms < 0 {
-        return Err(ExpiryError(format!(
-            "{name} must be >= 0 ms after the due time (0 = never expires), got {ms}"
-        )));
-    }
-    if ms > i128::from(MAX_EXPIRES_AFTER_MS) {
-        return Err(ExpiryError(format!(
-            "{name} must be at most {MAX_EXPIRES_AFTER_MS} ms, got {ms}"
-        )));
-    }
-    Ok(ms as u64)
-}
+pub use crate::policy::{check_expires_after as check_ms, ExpiryError, MAX_EXPIRES_AFTER_MS};
 
 /// An expiry given as text (REST, CLI, an AMQP string header): whole milliseconds.
 pub fn parse_ms(name: &str, text: &str) -> Result<u64, ExpiryError> {
@@ -61,9 +40,11 @@ pub fn from_header(value: &AMQPValue) -> Result<u64, ExpiryError> {
             Err(_) => return Err(ExpiryError(format!("{name} is not UTF-8 text"))),
         },
         AMQPValue::ShortString(s) => return parse_ms(name, s.as_str()),
-        other => return Err(ExpiryError(format!(
+        other => {
+            return Err(ExpiryError(format!(
             "{name} must be an integer number of milliseconds (or a numeric string), got {other:?}"
-        ))),
+        )))
+        }
     };
     check_ms(name, ms)
 }
@@ -144,10 +125,16 @@ mod tests {
 
     #[test]
     fn the_meta_carries_the_header_beside_others() {
-        let meta = crate::webhook::meta_with_url(Some("https://example.invalid/x"));
+        let mut table = FieldTable::default();
+        table.insert("x-tenant".into(), AMQPValue::LongInt(7));
+        let meta = crate::amqp::encode_meta(&BasicProperties::default().with_headers(table));
         let props = crate::amqp::decode_meta(&meta_with_expiry(meta.clone(), Some(700))).unwrap();
         assert_eq!(of_job(&props), Ok(Some(700)));
-        assert!(crate::webhook::job_url(&props).unwrap().is_some());
+        let kept = props
+            .headers()
+            .as_ref()
+            .and_then(|t| t.inner().get("x-tenant"));
+        assert_eq!(kept, Some(&AMQPValue::LongInt(7)));
         assert_eq!(meta_with_expiry(meta.clone(), None), meta);
         assert_eq!(of_job(&BasicProperties::default()), Ok(None));
     }

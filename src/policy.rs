@@ -18,6 +18,30 @@ pub const MIN_RATE: f64 = 0.001;
 pub const MAX_RATE: f64 = 1_000_000.0;
 pub const MAX_BURST: u32 = 1_000_000;
 
+/// The longest accepted expiry (about 31 years): beyond it a value is a typo.
+pub const MAX_EXPIRES_AFTER_MS: u64 = 1_000_000_000_000;
+
+/// A bad expiry value, in the user's terms.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ExpiryError(pub String);
+
+/// Checks a job expiry in ms after the due time (0 = never), named `name` in errors:
+/// the one range rule of the header, REST, the CLI and `[[policies]]`.
+pub fn check_expires_after(name: &str, ms: i128) -> Result<u64, ExpiryError> {
+    if ms < 0 {
+        return Err(ExpiryError(format!(
+            "{name} must be >= 0 ms after the due time (0 = never expires), got {ms}"
+        )));
+    }
+    if ms > i128::from(MAX_EXPIRES_AFTER_MS) {
+        return Err(ExpiryError(format!(
+            "{name} must be at most {MAX_EXPIRES_AFTER_MS} ms, got {ms}"
+        )));
+    }
+    Ok(ms as u64)
+}
+
 /// A bad rate or burst, in the user's terms.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
