@@ -516,3 +516,84 @@ async fn bad_expiry_values_are_refused_with_a_reason_and_lose_nothing() {
     bridge.stop().await;
     broker.cleanup().await;
 }
+
+#[tokio::test]
+async fn release_with_the_expired_marker_logs_expired_and_keeps_a_series_going() {
+    use redisched::store::{Delivered, Expired, NextDue, Noted, ScheduleSpec};
+    let test = common::test_store().await;
+    let store = &test.store;
+    let topic = t("marker");
+    put_with_expiry(store, "marker", "one", b"x", Some(1)).await;
+    store
+        .put_recurring(
+            PutRequest {
+                topic: topic.clone(),
+                id: JobId::new("series").unwrap(),
+                body: b"s".to_vec(),
+                meta: Vec::new(),
+                due: Due::NOW,
+                mode: PutMode::Keep,
+            },
+            ScheduleSpec::new("every:60000").unwrap(),
+        )
+        .await
+        .expect("put series");
+    let batch = store
+        .reserve(&topic, Duration::from_secs(30), 10)
+        .await
+        .expect("reserve");
+    assert_eq!(batch.jobs.len(), 2);
+    let next = batch.now + 60_000;
+    let expired: Vec<Expired> = batch
+        .jobs
+        .iter()
+        .map(|job| {
+            Expired(Noted {
+                delivered: Delivered {
+                    lease: redisched::store::Lease {
+                        topic: topic.clone(),
+                        id: job.id.clone(),
+                        token: job.token,
+                    },
+                    next_due: if job.spec.is_some() {
+                        NextDue::At(next)
+                    } else {
+                        NextDue::OneShot
+                    },
+                },
+                note: "not delivered within 1 ms after its due time".into(),
+            })
+        })
+        .collect();
+    assert_eq!(store.release_expired(&expired).await.expect("release"), 2);
+    // Released again (a stale lease): nothing changes.
+    assert_eq!(store.release_expired(&expired).await.expect("release"), 0);
+
+    assert!(store
+        .get(&topic, &JobId::new("one").unwrap())
+        .await
+        .unwrap()
+        .is_none());
+    let series = store
+        .get(&topic, &JobId::new("series").unwrap())
+        .await
+        .unwrap()
+        .expect("the series goes on");
+    assert_eq!(series.due_at, next);
+    let one = outcomes(store, "marker", "one").await;
+    assert_eq!(
+        one,
+        [(
+            Outcome::Expired,
+            "not delivered within 1 ms after its due time".to_owned()
+        )]
+    );
+    let series = outcomes(store, "marker", "series").await;
+    assert_eq!(
+        series,
+        [(
+            Outcome::Expired,
+            format!("{next} not delivered within 1 ms after its due time")
+        )]
+    );
+}
