@@ -185,3 +185,66 @@ pub(crate) async fn publish(
         )
         .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Policy, TopicPattern};
+    use lapin::types::FieldTable;
+
+    fn with_header(value: Option<AMQPValue>) -> AMQPProperties {
+        let mut table = FieldTable::default();
+        if let Some(value) = value {
+            table.insert(headers::EXPIRES_AFTER.into(), value);
+        }
+        AMQPProperties::default().with_headers(table)
+    }
+
+    #[test]
+    fn the_jobs_own_header_wins_over_the_policy_and_zero_means_never() {
+        let expiry = Expiry::new(Policies(vec![Policy {
+            topics: vec![TopicPattern::new("mail.#").unwrap()],
+            rate: None,
+            expires_after_ms: 1_000,
+        }]));
+        let mail = Topic::new("mail.x").unwrap();
+        let other = Topic::new("sms").unwrap();
+        assert_eq!(expiry.expires_after(&mail, &with_header(None)), 1_000);
+        let own = with_header(Some(AMQPValue::LongInt(50)));
+        assert_eq!(expiry.expires_after(&mail, &own), 50);
+        let never = with_header(Some(AMQPValue::LongInt(0)));
+        assert_eq!(expiry.expires_after(&mail, &never), 0);
+        assert_eq!(expiry.expires_after(&other, &with_header(None)), 0);
+        // A stored value another client wrote badly: the job does not expire.
+        let bad = with_header(Some(AMQPValue::Boolean(true)));
+        assert_eq!(expiry.expires_after(&mail, &bad), 0);
+        // The webhook loop's shortcut: decode only where expiry may apply.
+        assert!(expiry.may_expire(&mail, b""));
+        assert!(!expiry.may_expire(&other, b""));
+        let meta = crate::amqp::encode_meta(&own);
+        assert!(expiry.may_expire(&other, &meta));
+    }
+
+    #[test]
+    fn an_expired_ticket_carries_the_reason_as_its_note() {
+        let ticket = Ticket {
+            lease: crate::store::Lease {
+                topic: Topic::new("t").unwrap(),
+                id: "a".into(),
+                token: 3,
+            },
+            schedule: None,
+            due_at: 1_000,
+            attempt: 2,
+            note: String::new(),
+            expired: None,
+        };
+        let marked = mark_expired(ticket, 250);
+        assert_eq!(marked.expired, Some(250));
+        assert_eq!(
+            marked.note,
+            "not delivered within 250 ms after its due time"
+        );
+        assert_eq!((marked.due_at, marked.attempt), (1_000, 2));
+    }
+}
