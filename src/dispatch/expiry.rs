@@ -87,8 +87,8 @@ impl Expiry {
             .filter(|c| c.status().connected())
     }
 
-    /// The webhook loop's check of a reserved job: `None` when it is to be POSTed;
-    /// `Some` when it expired, and then it is being set aside (in a task of its own, so
+    /// The webhook loop's check of a reserved job: `false` when it is to be POSTed;
+    /// `true` when it expired, and then it is being set aside (in a task of its own, so
     /// the loop goes on).
     pub(crate) fn take_expired(
         &self,
@@ -97,12 +97,14 @@ impl Expiry {
         job: &ReservedJob,
         ticket: &Ticket,
         settler: &Settler,
-    ) -> Option<()> {
+    ) -> bool {
         if !self.may_expire(topic, &job.meta) {
-            return None;
+            return false;
         }
         let props = crate::amqp::decode_meta(&job.meta).unwrap_or_default();
-        let ms = self.expired_at(topic, job, &props, settler.clock.now())?;
+        let Some(ms) = self.expired_at(topic, job, &props, settler.clock.now()) else {
+            return false;
+        };
         let ticket = mark_expired(ticket.clone(), ms);
         let settler = settler.clone();
         let channel = self.channel();
@@ -130,7 +132,7 @@ impl Expiry {
                 }
             }
         });
-        Some(())
+        true
     }
 }
 

@@ -437,16 +437,13 @@ impl Dispatcher {
                                     .await;
                             }
                             Ok(ticket)
-                                if self
-                                    .expiry
-                                    .take_expired(
-                                        &self.config.amqp.expired_exchange,
-                                        &topic,
-                                        &job,
-                                        &ticket,
-                                        settler,
-                                    )
-                                    .is_some() => {}
+                                if self.expiry.take_expired(
+                                    &self.config.amqp.expired_exchange,
+                                    &topic,
+                                    &job,
+                                    &ticket,
+                                    settler,
+                                ) => {}
                             Ok(ticket) => {
                                 let lease = ticket.lease.clone();
                                 if self
