@@ -11,13 +11,18 @@ ARGV: id1, lease1 [, id2, lease2 ...] [, history_max]
   series (the job is deleted). A next_due for a one-shot job is ignored. Either form may
   end in `;<note>` (at most 100 bytes, e.g. `HTTP 200` from a webhook target): it goes
   into the job's `dispatched` history entry (after the next due time for a series).
+  Either form may start with `expired:` (e.g. `expired:17@1000;within 5000 ms`): the
+  job was not delivered but set aside as expired (the caller published it elsewhere
+  first); it is released exactly the same way (deleted, or a series moved to next_due)
+  and logged as `expired` instead of `dispatched`.
   An odd number of arguments: the last one is history_max (8 keys; cap of the topic's
-  history list, default 1000, 0 = none); each release is logged as 'dispatched'.
+  history list, default 1000, 0 = none); each release is logged as 'dispatched'
+  (or 'expired').
 Reply: the number of jobs released (deleted or rescheduled).
 Errors: INVALID_ARGUMENT (keys; count; a lease that is not `<token>` or
-  `<token>@<integer>`; a recurring job, still ours, released without next_due or with
-  a next_due not later than the released occurrence's due_at: then nothing at all
-  changes), WRONGTYPE (from Redis).
+  `<token>@<integer>`, optionally after `expired:`; a recurring job, still ours,
+  released without next_due or with a next_due not later than the released
+  occurrence's due_at: then nothing at all changes), WRONGTYPE (from Redis).
 Invariant: only a job that is reserved *and* carries the given token is touched. A late
 release, after the reservation expired and the job was requeued (and maybe reserved
 again under a new token), or after the job was replaced or deleted by id, changes
@@ -217,6 +222,11 @@ end
 local plan, seen = {}, {}
 for i = 1, pairs_end, 2 do
   local id, lease = ARGV[i], ARGV[i + 1]
+  local outcome = 'dispatched'
+  local unexpired = string.match(lease, '^expired:(.*)$')
+  if unexpired then
+    outcome, lease = 'expired', unexpired
+  end
   local base, note = string.match(lease, '^([^;]*);(.*)$')
   if base then
     if #note > 100 then
@@ -249,7 +259,7 @@ for i = 1, pairs_end, 2 do
         end
         j.next = next_due
       end
-      plan[#plan + 1] = { id, j, note }
+      plan[#plan + 1] = { id, j, note, outcome }
     end
   end
 end
@@ -257,7 +267,7 @@ end
 local now = history_max > 0 and now_ms() or 0
 local log = {}
 for _, step in ipairs(plan) do
-  local id, j, note = step[1], step[2], step[3]
+  local id, j, note, outcome = step[1], step[2], step[3], step[4]
   redis.call('ZREM', reserved, id)
   if full and j.error_at > 0 then
     redis.call('ZREM', KEYS[8], id)
@@ -277,7 +287,7 @@ for _, step in ipairs(plan) do
     detail = detail == '' and note or (detail .. ' ' .. note)
   end
   if history_max > 0 then
-    log[#log + 1] = history_entry(now, 'dispatched', j.attempts, j.due, id, detail)
+    log[#log + 1] = history_entry(now, outcome, j.attempts, j.due, id, detail)
   end
 end
 history_push(KEYS[7], history_max, log)

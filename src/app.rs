@@ -15,7 +15,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::amqp::{self, AmqpError};
 use crate::config::Config;
-use crate::dispatch::{Dispatcher, Plan, ServerClock, WebhookSinks};
+use crate::dispatch::{Dispatcher, Expiry, Plan, ServerClock, WebhookSinks};
 use crate::feed::Feed;
 use crate::http::{self, AppState};
 use crate::ingest::Ingest;
@@ -134,6 +134,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         isolation: Default::default(),
     };
     let clock = Arc::new(ServerClock::new());
+    // `validate()` compiled the policies at load: this cannot fail here.
+    let expiry = Arc::new(Expiry::new(config.compiled_policies().unwrap_or_default()));
     if let Some(hints) = webhook_hints {
         // It needs no broker: it runs for the whole process, beside the AMQP sessions.
         let hooks = Dispatcher {
@@ -145,6 +147,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
             clock: clock.clone(),
             warnings: warnings.clone(),
             webhooks: webhooks.clone(),
+            expiry: expiry.clone(),
         };
         let shutdown = shutdown.clone();
         tasks.spawn(async move { hooks.run_webhooks(&mut Plan::default(), shutdown).await });
@@ -158,6 +161,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         clock,
         warnings,
         webhooks,
+        expiry,
     };
     // Ingest and dispatch each get their own connection: a command the client library
     // cannot even parse (which drops the connection) must not interrupt deliveries,

@@ -246,6 +246,15 @@ pub struct PutArgs {
     /// the target's allowed_url_prefixes)
     #[arg(long, value_name = "URL")]
     pub url: Option<String>,
+    /// Expire the job this many ms after its due time: not delivered by then, it is set
+    /// aside to the expired exchange instead (0 = never; default: the topic's
+    /// [[policies]] expires_after_ms, else never)
+    #[arg(long, value_name = "MS", value_parser = parse_expires_after, allow_hyphen_values = true)]
+    pub expires_after: Option<u64>,
+}
+
+fn parse_expires_after(raw: &str) -> Result<u64, String> {
+    crate::expiry::parse_ms("--expires-after", raw).map_err(|e| e.0)
 }
 
 fn parse_delay(raw: &str) -> Result<Due, String> {
@@ -515,7 +524,10 @@ async fn put(
         topic: args.topic.clone(),
         id: args.id.clone(),
         body,
-        meta: crate::webhook::meta_with_url(args.url.as_deref()),
+        meta: crate::expiry::meta_with_expiry(
+            crate::webhook::meta_with_url(args.url.as_deref()),
+            args.expires_after,
+        ),
         due: explicit.unwrap_or(Due::NOW),
         mode,
     };

@@ -46,6 +46,11 @@ pub struct PolicyConfig {
     /// Jobs at once after an idle spell (whole number >= 1); default 100 ms worth.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub burst: Option<f64>,
+    /// Default expiry of the topics' jobs, ms after their due time: a job not delivered
+    /// by then is set aside to the expired exchange (0 or absent = never). A job's own
+    /// `x-redisched-expires-after` overrides it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_after_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -83,6 +88,10 @@ pub struct AmqpConfig {
     pub commands_queue: String,
     pub invalid_exchange: String,
     pub invalid_queue: String,
+    /// Jobs not delivered by due time + expires-after are set aside here (durable
+    /// topic exchange, with a durable queue bound with `#`).
+    pub expired_exchange: String,
+    pub expired_queue: String,
     pub ready_exchange: String,
     /// One consumer at a time on the commands queue keeps commands in publish order
     /// across several bridges (a delete published after a put always wins).
@@ -206,6 +215,8 @@ impl Default for AmqpConfig {
             commands_queue: "redisched.commands".into(),
             invalid_exchange: "redisched.invalid".into(),
             invalid_queue: "redisched.invalid".into(),
+            expired_exchange: "redisched.expired".into(),
+            expired_queue: "redisched.expired".into(),
             ready_exchange: "redisched.ready".into(),
             single_active_consumer: true,
             quorum_queues: true,
@@ -409,6 +420,8 @@ impl Config {
             ("amqp.commands_queue", &self.amqp.commands_queue),
             ("amqp.invalid_exchange", &self.amqp.invalid_exchange),
             ("amqp.invalid_queue", &self.amqp.invalid_queue),
+            ("amqp.expired_exchange", &self.amqp.expired_exchange),
+            ("amqp.expired_queue", &self.amqp.expired_queue),
             ("amqp.ready_exchange", &self.amqp.ready_exchange),
         ] {
             if name.is_empty() || name.len() > 255 {
@@ -563,7 +576,16 @@ impl Config {
                     invalid(format!("policies[{i}].{field}"), e.0)
                 })?),
             };
-            compiled.push(Policy { topics, rate });
+            let expires_after_ms = match policy.expires_after_ms {
+                None => 0,
+                Some(ms) => crate::policy::check_expires_after("expires_after_ms", i128::from(ms))
+                    .map_err(|e| invalid(format!("policies[{i}].expires_after_ms"), e.0))?,
+            };
+            compiled.push(Policy {
+                topics,
+                rate,
+                expires_after_ms,
+            });
         }
         Ok(crate::policy::Policies(compiled))
     }
@@ -823,6 +845,15 @@ mod tests {
             assert_eq!((rate.max_per_second, rate.burst), (0.5, 1));
             let rate = policies.rate_for(&t("sms")).expect("second");
             assert_eq!((rate.max_per_second, rate.burst), (200.0, 5));
+            assert_eq!(policies.expires_after_for(&t("sms")), 0);
+            jail.create_file(
+                "e.toml",
+                "[[policies]]\ntopics = [\"mail.#\"]\nexpires_after_ms = 60000\n",
+            )?;
+            let config = Config::load(Some(Path::new("e.toml"))).expect("valid");
+            let policies = config.compiled_policies().expect("compiles");
+            assert_eq!(policies.expires_after_for(&t("mail.x")), 60_000);
+            assert_eq!(policies.rate_for(&t("mail.x")), None);
             for (body, key, needle) in [
                 ("max_per_second = 0", "policies[0].max_per_second", "pause"),
                 ("max_per_second = -2", "policies[0].max_per_second", "> 0"),
@@ -842,6 +873,12 @@ mod tests {
                     "whole number",
                 ),
                 ("burst = 2", "policies[0].burst", "needs max_per_second"),
+                (
+                    "expires_after_ms = -1",
+                    "policies[0].expires_after_ms",
+                    ">= 0",
+                ),
+                ("expires_after_ms = \"soon\"", "expires_after_ms", ""),
             ] {
                 jail.create_file(
                     "bad.toml",

@@ -17,6 +17,17 @@ pub enum Event {
         at: i64,
         lateness_ms: i64,
     },
+    /// A job was not delivered by its due time + expires-after: set aside to the
+    /// expired exchange (confirmed) and released.
+    Expired {
+        topic: String,
+        id: String,
+        due_at: i64,
+        attempt: u32,
+        expires_after_ms: u64,
+        /// Released at, by the bridge's clock (epoch ms).
+        at: i64,
+    },
     /// A command changed (or tried to change) the store.
     Command {
         topic: String,

@@ -16,6 +16,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod dispatch;
+pub mod expiry;
 pub mod feed;
 pub mod http;
 pub mod ingest;

@@ -32,6 +32,11 @@ pub struct WebhookLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabels {
+    pub topic: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TargetLabels {
     pub target: String,
 }
@@ -308,6 +313,8 @@ pub struct Metrics {
     pub commands: Family<CommandLabels, Counter>,
     pub invalid_commands: Counter,
     pub jobs_dispatched: Counter,
+    /// Jobs not delivered by due + expires-after, set aside to the expired exchange.
+    pub jobs_expired: Family<TopicLabels, Counter>,
     pub publish_retries: Family<RetryLabels, Counter>,
     pub unroutable_returns: Counter,
     pub jobs_requeued: Counter,
@@ -338,6 +345,7 @@ impl Metrics {
         let commands = Family::<CommandLabels, Counter>::default();
         let invalid_commands = Counter::default();
         let jobs_dispatched = Counter::default();
+        let jobs_expired = Family::<TopicLabels, Counter>::default();
         let publish_retries = Family::<RetryLabels, Counter>::default();
         for reason in RETRY_REASONS {
             // Created at zero, so that the series exist before the first event.
@@ -395,6 +403,11 @@ impl Metrics {
             "jobs_dispatched",
             "Jobs published, confirmed by the broker and released",
             jobs_dispatched.clone(),
+        );
+        registry.register(
+            "jobs_expired",
+            "Jobs not delivered by their due time + expires-after, set aside (confirmed) to the expired exchange and released, by topic",
+            jobs_expired.clone(),
         );
         registry.register(
             "publish_retries",
@@ -463,6 +476,7 @@ impl Metrics {
             commands,
             invalid_commands,
             jobs_dispatched,
+            jobs_expired,
             publish_retries,
             unroutable_returns,
             jobs_requeued,
@@ -487,6 +501,15 @@ impl Metrics {
             .get_or_create(&CommandLabels {
                 op: op.into(),
                 outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    /// A job of `topic` expired (set aside and released).
+    pub fn expired(&self, topic: &str) {
+        self.jobs_expired
+            .get_or_create(&TopicLabels {
+                topic: topic.into(),
             })
             .inc();
     }

@@ -1,4 +1,4 @@
-//! Delivery policies per topic: rate limits, and the AMQP topic patterns (`*` one
+//! Delivery policies per topic: rate limits, a default job expiry, and the AMQP topic patterns (`*` one
 //! word, `#` zero or more words) that say which topics a `[[policies]]` entry covers.
 //!
 //! A rate limit is enforced in the store (`lua/reserve.lua`), so it holds for the sum
@@ -17,6 +17,30 @@ pub const MIN_RATE: f64 = 0.001;
 /// Fastest accepted rate; beyond it a limit is a typo, not a limit.
 pub const MAX_RATE: f64 = 1_000_000.0;
 pub const MAX_BURST: u32 = 1_000_000;
+
+/// The longest accepted expiry (about 31 years): beyond it a value is a typo.
+pub const MAX_EXPIRES_AFTER_MS: u64 = 1_000_000_000_000;
+
+/// A bad expiry value, in the user's terms.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ExpiryError(pub String);
+
+/// Checks a job expiry in ms after the due time (0 = never), named `name` in errors:
+/// the one range rule of the header, REST, the CLI and `[[policies]]`.
+pub fn check_expires_after(name: &str, ms: i128) -> Result<u64, ExpiryError> {
+    if ms < 0 {
+        return Err(ExpiryError(format!(
+            "{name} must be >= 0 ms after the due time (0 = never expires), got {ms}"
+        )));
+    }
+    if ms > i128::from(MAX_EXPIRES_AFTER_MS) {
+        return Err(ExpiryError(format!(
+            "{name} must be at most {MAX_EXPIRES_AFTER_MS} ms, got {ms}"
+        )));
+    }
+    Ok(ms as u64)
+}
 
 /// A bad rate or burst, in the user's terms.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -143,6 +167,9 @@ fn matches_words(pattern: &[String], words: &[&str]) -> bool {
 pub struct Policy {
     pub topics: Vec<TopicPattern>,
     pub rate: Option<RateLimit>,
+    /// Default expiry of the topics' jobs, ms after the due time (0 = never); a job's
+    /// own `x-redisched-expires-after` overrides it (see `crate::expiry`).
+    pub expires_after_ms: u64,
 }
 
 /// The configuration's policies, first match wins.
@@ -156,6 +183,15 @@ impl Policies {
             .iter()
             .find(|policy| policy.topics.iter().any(|p| p.matches(topic.as_str())))
             .and_then(|policy| policy.rate)
+    }
+
+    /// The default expiry of `topic`'s jobs, ms (the first policy whose patterns match
+    /// it; 0 = never).
+    pub fn expires_after_for(&self, topic: &Topic) -> u64 {
+        self.0
+            .iter()
+            .find(|policy| policy.topics.iter().any(|p| p.matches(topic.as_str())))
+            .map_or(0, |policy| policy.expires_after_ms)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -191,16 +227,22 @@ mod tests {
             Policy {
                 topics: vec![TopicPattern::new("mail.bulk").unwrap()],
                 rate: rate(1.0),
+                expires_after_ms: 0,
             },
             Policy {
                 topics: vec![TopicPattern::new("mail.#").unwrap()],
                 rate: rate(50.0),
+                expires_after_ms: 60_000,
             },
         ]);
         let t = |s| Topic::new(s).unwrap();
         assert_eq!(policies.rate_for(&t("mail.bulk")), rate(1.0));
         assert_eq!(policies.rate_for(&t("mail.welcome")), rate(50.0));
         assert_eq!(policies.rate_for(&t("sms")), None);
+        // First match, like the rate: mail.bulk's policy names no expiry.
+        assert_eq!(policies.expires_after_for(&t("mail.bulk")), 0);
+        assert_eq!(policies.expires_after_for(&t("mail.welcome")), 60_000);
+        assert_eq!(policies.expires_after_for(&t("sms")), 0);
     }
 
     #[test]

@@ -465,6 +465,11 @@ pub struct JobView {
     pub schedule: ScheduleFields,
     #[serde(flatten)]
     pub failure: FailureFields,
+    /// The job's own expiry, ms after its due time (`x-redisched-expires-after`, REST
+    /// and CLI `expires_after`); absent: none of its own (its topic's `[[policies]]`
+    /// default applies, if any).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_after: Option<u64>,
 }
 
 impl JobView {
@@ -489,6 +494,9 @@ impl JobView {
             body_bytes: info.body.len(),
             schedule: ScheduleFields::of(info.spec.as_deref()),
             failure: FailureFields::new(info.failures, info.last_error.as_ref()),
+            expires_after: crate::amqp::decode_meta(&info.meta)
+                .ok()
+                .and_then(|props| crate::expiry::of_job(&props).ok().flatten()),
         }
     }
 }

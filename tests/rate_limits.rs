@@ -318,6 +318,7 @@ async fn the_store_applies_policies_by_topic_pattern_and_reports_throttled_jobs(
     let policies = Policies(vec![Policy {
         topics: vec![TopicPattern::new("bulk.#").unwrap()],
         rate: Some(RateLimit::new(10.0, Some(4.0)).unwrap()),
+        expires_after_ms: 0,
     }]);
     let store = test.store.clone().with_policies(policies);
     let limited = Topic::new("bulk.mail").unwrap();

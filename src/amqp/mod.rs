@@ -54,6 +54,9 @@ pub mod headers {
     /// target's, allowed only under the target's `allowed_url_prefixes`. Stored with the
     /// job (its meta) like any other header.
     pub const URL: &str = "x-redisched-url";
+    /// A job expires this many ms after its due time if not delivered by then: it is
+    /// set aside to the expired exchange instead (0 = never). Stored with the job.
+    pub const EXPIRES_AFTER: &str = "x-redisched-expires-after";
     /// Control headers: consumed by the bridge, never stored or forwarded.
     pub const CONTROL: [&str; 4] = [DELAY, DELIVER_AT, OP, ID];
     /// Headers the bridge writes on what it publishes. On a command they are ignored and
@@ -62,7 +65,19 @@ pub mod headers {
     pub const OUTPUT: [&str; 4] = [ERROR, TOPIC, DUE_AT, ATTEMPT];
     /// Every `x-redisched-*` header a command may carry; any other is refused, so a
     /// producer never silently gets other semantics than it asked for.
-    pub const KNOWN: [&str; 10] = [OP, ID, EVERY, CRON, TZ, ERROR, TOPIC, DUE_AT, ATTEMPT, URL];
+    pub const KNOWN: [&str; 11] = [
+        OP,
+        ID,
+        EVERY,
+        CRON,
+        TZ,
+        ERROR,
+        TOPIC,
+        DUE_AT,
+        ATTEMPT,
+        URL,
+        EXPIRES_AFTER,
+    ];
     /// The prefix of the bridge's own headers (compared ignoring ASCII case).
     pub const PREFIX: &str = "x-redisched-";
 }
@@ -186,6 +201,7 @@ pub async fn declare_topology(channel: &Channel, config: &AmqpConfig) -> lapin::
     for exchange in [
         &config.commands_exchange,
         &config.invalid_exchange,
+        &config.expired_exchange,
         &config.ready_exchange,
     ] {
         channel
@@ -202,8 +218,9 @@ pub async fn declare_topology(channel: &Channel, config: &AmqpConfig) -> lapin::
         commands_args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
     }
     let mut invalid_args = FieldTable::default();
+    let mut expired_args = FieldTable::default();
     if config.quorum_queues {
-        for args in [&mut commands_args, &mut invalid_args] {
+        for args in [&mut commands_args, &mut invalid_args, &mut expired_args] {
             args.insert("x-queue-type".into(), text("quorum"));
         }
         // A poison command (one the client library cannot even parse, e.g. a message_id
@@ -238,6 +255,11 @@ pub async fn declare_topology(channel: &Channel, config: &AmqpConfig) -> lapin::
             &config.invalid_queue,
             &config.invalid_exchange,
             invalid_args,
+        ),
+        (
+            &config.expired_queue,
+            &config.expired_exchange,
+            expired_args,
         ),
     ] {
         channel

@@ -73,7 +73,11 @@ impl Confirmer {
                     ) {
                         tracing::warn!(topic = %lease.topic, id = %lease.id, reply = %returned.reply_text, "job unroutable (no queue bound for its topic); kept and retried");
                     }
-                    let reason = format!("unroutable: {}", returned.reply_text);
+                    let reason = match ticket.expired {
+                        // The expired exchange has no queue bound for the topic.
+                        Some(_) => format!("expired, and unroutable: {}", returned.reply_text),
+                        None => format!("unroutable: {}", returned.reply_text),
+                    };
                     self.settler
                         .fail(lease, backoff, "unroutable", &reason)
                         .await;

@@ -8,6 +8,7 @@
 
 mod clock;
 mod confirm;
+mod expiry;
 mod settle;
 mod sink;
 mod webhook_sink;
@@ -17,7 +18,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use lapin::options::BasicPublishOptions;
 use lapin::{Channel, Connection};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -32,6 +32,7 @@ use crate::store::ReservedJob;
 use crate::store::{DueHints, Store};
 pub use clock::ServerClock;
 use confirm::{Confirmer, InFlight};
+pub use expiry::Expiry;
 pub use settle::retry_delay;
 use settle::{Settler, Ticket};
 use sink::{Route, Serves};
@@ -148,6 +149,9 @@ pub struct Dispatcher {
     pub warnings: Arc<LogThrottle>,
     /// The webhook targets' sink; kept across AMQP sessions with its requests.
     pub webhooks: Arc<WebhookSinks>,
+    /// Expired jobs: the `[[policies]]` defaults, and the AMQP session's channel the
+    /// webhook loop sets its expired jobs aside on (shared by both loops).
+    pub expiry: Arc<Expiry>,
 }
 
 impl Dispatcher {
@@ -160,6 +164,7 @@ impl Dispatcher {
         shutdown: CancellationToken,
     ) -> Result<(), AmqpError> {
         let channel = amqp::confirm_channel(connection).await?;
+        self.expiry.set_channel(Some(channel.clone()));
         let blocked = watch_blocked(connection, shutdown.clone());
         let window = Arc::new(Semaphore::new(self.config.dispatch.window));
         let (in_flight, confirmed) = mpsc::unbounded_channel();
@@ -184,6 +189,7 @@ impl Dispatcher {
                 "confirms still pending at the end of the grace period; those jobs stay reserved and are requeued after their time-to-run"
             );
         }
+        self.expiry.set_channel(None);
         amqp::close_quietly("dispatch channel", channel.close(200, "shutdown".into())).await;
         result
     }
@@ -430,6 +436,14 @@ impl Dispatcher {
                                     )
                                     .await;
                             }
+                            Ok(ticket)
+                                if self.expiry.take_expired(
+                                    &self.config.amqp.expired_exchange,
+                                    &topic,
+                                    &job,
+                                    &ticket,
+                                    settler,
+                                ) => {}
                             Ok(ticket) => {
                                 let lease = ticket.lease.clone();
                                 if self
@@ -535,7 +549,7 @@ impl Dispatcher {
         in_flight: &mpsc::UnboundedSender<InFlight>,
         settler: &Settler,
     ) -> Result<(), AmqpError> {
-        let ticket: Ticket = match sink::ticket(topic, &job) {
+        let mut ticket: Ticket = match sink::ticket(topic, &job) {
             Ok(ticket) => ticket,
             Err((lease, reason)) => {
                 drop(permit);
@@ -550,19 +564,26 @@ impl Dispatcher {
             tracing::warn!(%topic, id = %job.id, %err, "job metadata unreadable; delivering without it");
             Default::default()
         });
-        let props = outgoing_properties(topic.as_str(), &job, stored);
-        let confirm = channel
-            .basic_publish(
-                self.config.amqp.ready_exchange.as_str().into(),
-                topic.as_str().into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                &job.body,
-                props,
-            )
-            .await?;
+        // Not delivered by due + expires-after (on the server's clock, as just read by
+        // the reserve): set aside to the expired exchange instead, through the same
+        // confirms; released once that copy is confirmed.
+        let (exchange, props) = match self
+            .expiry
+            .expired_at(topic, &job, &stored, self.clock.now())
+        {
+            Some(ms) => {
+                ticket = expiry::mark_expired(ticket, ms);
+                (
+                    &self.config.amqp.expired_exchange,
+                    expiry::expired_properties(topic, &job, stored, ms),
+                )
+            }
+            None => (
+                &self.config.amqp.ready_exchange,
+                outgoing_properties(topic.as_str(), &job, stored),
+            ),
+        };
+        let confirm = expiry::publish(channel, exchange, topic, &job, props).await?;
         self.metrics.publishes_in_flight.inc();
         let flight = InFlight {
             ticket,

@@ -11,7 +11,9 @@ use crate::config::Config;
 use crate::feed::{Event, Feed};
 use crate::metrics::Metrics;
 use crate::schedule::Schedule;
-use crate::store::{Delivered, DueHints, Lease, NextDue, Noted, RetryOutcome, Store};
+use crate::store::{
+    Delivered, DueHints, Expired, Lease, NextDue, Noted, RetryOutcome, Store, StoreError,
+};
 
 /// One reserved job on its way through a sink: what settling it needs.
 #[derive(Debug, Clone)]
@@ -23,6 +25,9 @@ pub(crate) struct Ticket {
     pub attempt: u32,
     /// For the `dispatched` history entry (a webhook's `HTTP 200`); empty for AMQP.
     pub note: String,
+    /// Not delivered: expired `expires_after` ms after its due time, and set aside to
+    /// the expired exchange instead. Released all the same, logged `expired`.
+    pub expired: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -43,7 +48,15 @@ impl Settler {
     /// occurrence: occurrences missed while no bridge ran collapse into the one just
     /// delivered). While Redis is unreachable this keeps trying, and the caller keeps
     /// its in-flight permits, so dispatch pauses rather than piling up work.
+    /// Jobs set aside as expired (their copy confirmed by the expired exchange) are
+    /// released the same way, logged `expired` and counted apart.
     pub(crate) async fn release(&self, done: &[Ticket]) {
+        let (expired, done): (Vec<Ticket>, Vec<Ticket>) =
+            done.iter().cloned().partition(|t| t.expired.is_some());
+        if !expired.is_empty() {
+            self.release_expired(&expired).await;
+        }
+        let done = done.as_slice();
         if done.is_empty() {
             return;
         }
@@ -55,20 +68,10 @@ impl Settler {
             let leases = delivered(done, self.clock.now());
             match self.store.release_noted(&leases).await {
                 Ok(released) => {
-                    if (released as usize) < leases.len() {
-                        tracing::debug!(
-                            stale = leases.len() - released as usize,
-                            "some delivered jobs were replaced, deleted or requeued meanwhile"
-                        );
-                    }
-                    hint_next_occurrences(&self.hints, &leases);
+                    released_all(&self.hints, &leases, released);
                     break;
                 }
-                Err(err) => {
-                    tracing::warn!(error = %err, retry_in = ?backoff, "cannot release delivered jobs yet");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
+                Err(err) => backoff = wait_for_redis(err, backoff).await,
             }
         }
         let now = self.clock.now();
@@ -84,6 +87,55 @@ impl Settler {
                 at: now,
                 lateness_ms,
             });
+        }
+    }
+
+    /// Releases expired jobs whose copy the expired exchange confirmed: a one-shot job
+    /// is deleted, a series moves to its next occurrence (this one is set aside, the
+    /// next still scheduled), each logged `expired`, counted in
+    /// `redisched_jobs_expired_total{topic}`.
+    async fn release_expired(&self, done: &[Ticket]) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let leases = delivered(done, self.clock.now());
+            let expired: Vec<Expired> = leases.iter().cloned().map(Expired).collect();
+            match self.store.release_expired(&expired).await {
+                Ok(released) => {
+                    released_all(&self.hints, &leases, released);
+                    break;
+                }
+                Err(err) => backoff = wait_for_redis(err, backoff).await,
+            }
+        }
+        let now = self.clock.now();
+        for done in done {
+            let expires_after_ms = done.expired.unwrap_or(0);
+            self.metrics.expired(done.lease.topic.as_str());
+            tracing::debug!(topic = %done.lease.topic, id = %done.lease.id, due_at = done.due_at, expires_after_ms, "job expired; set aside to the expired exchange");
+            self.feed.send_with(|| Event::Expired {
+                topic: done.lease.topic.to_string(),
+                id: done.lease.id.clone(),
+                due_at: done.due_at,
+                attempt: done.attempt,
+                expires_after_ms,
+                at: now,
+            });
+        }
+    }
+
+    /// Hands a reserved job back, due again after `delay`, without recording a failure
+    /// (an expired job of a webhook topic while no broker channel is open to set it
+    /// aside on); if even that fails, its reservation expires and it is requeued.
+    pub(crate) async fn hand_back(&self, lease: &Lease, delay: Duration) {
+        match self.store.retry(lease, delay).await {
+            Ok(true) => {
+                let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+                self.hints
+                    .hint(&lease.topic, self.clock.now().saturating_add(delay_ms));
+            }
+            Ok(false) => {}
+            Err(err) => tracing::warn!(topic = %lease.topic, id = %lease.id, error = %err,
+                "could not hand back an expired job; it is requeued after its time-to-run"),
         }
     }
 
@@ -128,6 +180,24 @@ pub fn retry_delay(config: &Config, attempt: u32) -> Duration {
     let min = config.dispatch.retry_min_ms;
     let factor = 1u64 << attempt.saturating_sub(1).min(20);
     Duration::from_millis(min.saturating_mul(factor).min(config.dispatch.retry_max_ms))
+}
+
+/// After a release call: logs stale leases and hints the next occurrences.
+fn released_all(hints: &DueHints, leases: &[Noted], released: u64) {
+    if (released as usize) < leases.len() {
+        tracing::debug!(
+            stale = leases.len() - released as usize,
+            "some delivered jobs were replaced, deleted or requeued meanwhile"
+        );
+    }
+    hint_next_occurrences(hints, leases);
+}
+
+/// Waits out a failed release call; returns the next backoff.
+async fn wait_for_redis(err: StoreError, backoff: Duration) -> Duration {
+    tracing::warn!(error = %err, retry_in = ?backoff, "cannot release delivered jobs yet");
+    tokio::time::sleep(backoff).await;
+    (backoff * 2).min(Duration::from_secs(5))
 }
 
 /// Tells the dispatcher when each released series is due next. The plan learned the

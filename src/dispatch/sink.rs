@@ -55,5 +55,6 @@ pub(crate) fn ticket(topic: &Topic, job: &ReservedJob) -> Result<Ticket, (Lease,
         due_at: job.due_at,
         attempt: job.attempt,
         note: String::new(),
+        expired: None,
     })
 }

@@ -108,6 +108,9 @@ pub(super) struct PutQuery {
     tz: Option<String>,
     /// The job's own URL (a webhook target's `allowed_url_prefixes`).
     url: Option<String>,
+    /// ms after the due time: not delivered by then, the job is set aside as expired
+    /// (0 = never; absent: the topic's `[[policies]]` default).
+    expires_after: Option<String>,
 }
 
 /// `PUT /v1/topics/{topic}/jobs/{id}?delay_ms=|at=&mode=replace`: the raw body is the job;
@@ -132,9 +135,16 @@ pub(super) async fn put_job(
                 q.tz.as_deref(),
                 explicit.then_some(due),
             )?;
-            Ok((put_mode(&q)?, due, recurrence, q.url))
+            let expires_after = match q.expires_after.as_deref().map(str::trim) {
+                None | Some("") => None,
+                Some(text) => Some(
+                    crate::expiry::parse_ms("expires_after", text)
+                        .map_err(|e| ApiError::bad_request(e.0))?,
+                ),
+            };
+            Ok((put_mode(&q)?, due, recurrence, q.url, expires_after))
         });
-    let (mode, due, recurrence, url) = match parsed {
+    let (mode, due, recurrence, url, expires_after) = match parsed {
         Ok(parsed) => parsed,
         Err(err) => return finish_put(&state, &topic, &id, PutMode::Keep, Err(err)),
     };
@@ -147,7 +157,10 @@ pub(super) async fn put_job(
             crate::targets::check_job_url_for(&state.config.targets, topic.as_str(), url)
                 .map_err(|reason| ApiError::url_not_allowed(format!("url: {reason}")))?;
         }
-        let meta = crate::webhook::meta_with_url(url.as_deref());
+        let meta = crate::expiry::meta_with_expiry(
+            crate::webhook::meta_with_url(url.as_deref()),
+            expires_after,
+        );
         let body = read_body(body, state.store.limits().max_body_bytes).await?;
         match recurrence {
             Some(recurrence) => recurrence.put(&state, topic, id, body, meta, mode).await,

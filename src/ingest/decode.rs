@@ -205,6 +205,11 @@ pub fn decode_parts(
             cron_start: None,
         });
     }
+    // Kept in the stored properties as given (dispatch reads it there); checked here so
+    // a bad value is set aside at the door, not found at delivery.
+    if let Some(value) = header(headers::EXPIRES_AFTER) {
+        crate::expiry::from_header(value).map_err(|e| invalid(e.0))?;
+    }
     let schedule = schedule(
         header(headers::EVERY),
         header(headers::CRON),
@@ -796,6 +801,21 @@ mod tests {
             ("x-redisched-tz", AMQPValue::Boolean(true)),
         ]);
         assert!(err.contains("text IANA time zone"), "{err}");
+    }
+
+    #[test]
+    fn expiry_headers_are_checked_and_kept_in_the_stored_properties() {
+        let put = |v: AMQPValue| dp("t", &props(&[("x-redisched-expires-after", v)]), b"");
+        let Ok(Op::Put(ok)) = put(AMQPValue::LongInt(5000)) else {
+            panic!("valid expiry refused");
+        };
+        let stored = crate::amqp::decode_meta(&ok.meta).expect("meta");
+        assert_eq!(crate::expiry::of_job(&stored), Ok(Some(5000)));
+        assert!(put(s("0")).is_ok());
+        for bad in [AMQPValue::LongInt(-5), s("later"), AMQPValue::Double(2.5)] {
+            let err = put(bad).expect_err("refused").0;
+            assert!(err.contains("x-redisched-expires-after"), "{err}");
+        }
     }
 
     #[test]

@@ -13,9 +13,9 @@ use super::error::Rejection;
 use super::reply::{optional_time, Reader};
 use super::scripts::Scripts;
 use super::types::{
-    Applied, Batch, Command, Delivered, JobInfo, JobState, LastError, Lease, Noted, Op, PutOutcome,
-    PutRequest, PutStatus, Releasable, Requeued, ReservedJob, ScheduleSpec, StoreCommand,
-    TopicStats, MAX_BATCH,
+    Applied, Batch, Command, Delivered, Expired, JobInfo, JobState, LastError, Lease, Noted, Op,
+    PutOutcome, PutRequest, PutStatus, Releasable, Requeued, ReservedJob, ScheduleSpec,
+    StoreCommand, TopicStats, MAX_BATCH,
 };
 use super::{Store, StoreError};
 use crate::job::{Due, JobId, PutMode, Topic};
@@ -334,6 +334,12 @@ impl Store {
         self.release_any(delivered).await
     }
 
+    /// Releases jobs set aside as expired (their copy in the expired exchange was
+    /// confirmed): exactly as [`Store::release_noted`], logged `expired`.
+    pub async fn release_expired(&self, expired: &[Expired]) -> Result<u64, StoreError> {
+        self.release_any(expired).await
+    }
+
     async fn release_any<R: Releasable>(&self, leases: &[R]) -> Result<u64, StoreError> {
         let mut by_topic: BTreeMap<&Topic, Vec<&R>> = BTreeMap::new();
         for item in leases {
@@ -379,14 +385,18 @@ impl Store {
         let mut call = Scripts::call(&self.exec.scripts().release, topic, &self.keys);
         for item in items {
             let lease = item.lease();
-            call = call.arg(lease.id.as_str()).arg(match item.note() {
+            let mut arg = match item.note() {
                 None => item.next_due().lease_arg(lease.token),
                 Some(note) => format!(
                     "{};{}",
                     item.next_due().lease_arg(lease.token),
                     short_note(note)
                 ),
-            });
+            };
+            if item.expired() {
+                arg.insert_str(0, "expired:");
+            }
+            call = call.arg(lease.id.as_str()).arg(arg);
         }
         // An odd argument count: the last one is history_max.
         call.arg(self.history_max)

@@ -62,10 +62,10 @@ use registry::TopicRegistry;
 pub use registry::DEFAULT_TOPIC_REFRESH;
 pub use scripts::SOURCES as SCRIPT_SOURCES;
 pub use types::{
-    Applied, Batch, Command, Delivered, HistoryEntry, JobInfo, JobState, JobSummary, LastError,
-    Lease, Limits, ListWhich, NextDue, Noted, Op, Outcome, PutOutcome, PutRequest, PutStatus,
-    RateSource, RateState, Redriven, Requeued, ReservedJob, RetryOutcome, ScheduleSpec, SpecError,
-    SpecKind, TopicStats, DEFAULT_HISTORY_MAX, MAX_BATCH,
+    Applied, Batch, Command, Delivered, Expired, HistoryEntry, JobInfo, JobState, JobSummary,
+    LastError, Lease, Limits, ListWhich, NextDue, Noted, Op, Outcome, PutOutcome, PutRequest,
+    PutStatus, RateSource, RateState, Redriven, Requeued, ReservedJob, RetryOutcome, ScheduleSpec,
+    SpecError, SpecKind, TopicStats, DEFAULT_HISTORY_MAX, MAX_BATCH,
 };
 
 /// How to reach Redis.

@@ -373,6 +373,11 @@ pub(crate) trait Releasable {
     fn note(&self) -> Option<&str> {
         None
     }
+    /// Set aside as expired, not delivered: logged `expired` (`release.lua`'s
+    /// `expired:` lease marker).
+    fn expired(&self) -> bool {
+        false
+    }
 }
 
 impl Releasable for Lease {
@@ -417,6 +422,27 @@ impl Releasable for Noted {
     }
 }
 
+/// A job that was not delivered by its due time + expires-after and was set aside (its
+/// copy in the expired exchange confirmed): released like a delivered one (a one-shot
+/// deleted, a series moved to its next occurrence), logged `expired` with the note.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expired(pub Noted);
+
+impl Releasable for Expired {
+    fn lease(&self) -> &Lease {
+        &self.0.delivered.lease
+    }
+    fn next_due(&self) -> NextDue {
+        self.0.delivered.next_due
+    }
+    fn note(&self) -> Option<&str> {
+        self.0.note()
+    }
+    fn expired(&self) -> bool {
+        true
+    }
+}
+
 /// What `Store::retry_failed` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -450,6 +476,9 @@ pub enum Outcome {
     Parked,
     #[serde(rename = "re-driven")]
     Redriven,
+    /// Not delivered by its due time + expires-after: set aside to the expired exchange.
+    #[serde(rename = "expired")]
+    Expired,
 }
 
 impl Outcome {
@@ -460,6 +489,7 @@ impl Outcome {
             Outcome::Replaced => "replaced",
             Outcome::Parked => "parked",
             Outcome::Redriven => "re-driven",
+            Outcome::Expired => "expired",
         }
     }
 
@@ -470,6 +500,7 @@ impl Outcome {
             "replaced" => Outcome::Replaced,
             "parked" => Outcome::Parked,
             "re-driven" => Outcome::Redriven,
+            "expired" => Outcome::Expired,
             _ => return None,
         })
     }

@@ -38,6 +38,8 @@ pub fn isolate(config: &mut Config, name: &str) {
     config.amqp.commands_queue = format!("{name}.commands");
     config.amqp.invalid_exchange = format!("{name}.invalid");
     config.amqp.invalid_queue = format!("{name}.invalid");
+    config.amqp.expired_exchange = format!("{name}.expired");
+    config.amqp.expired_queue = format!("{name}.expired");
     config.amqp.ready_exchange = format!("{name}.ready");
 }
 

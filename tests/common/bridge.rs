@@ -278,13 +278,18 @@ impl Broker {
     /// Deletes every exchange and queue of the config, and its Redis keys.
     pub async fn cleanup(self) {
         let a = &self.config.amqp;
-        for queue in [&a.commands_queue, &a.invalid_queue] {
+        for queue in [&a.commands_queue, &a.invalid_queue, &a.expired_queue] {
             let _ = self
                 .channel
                 .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                 .await;
         }
-        for exchange in [&a.commands_exchange, &a.invalid_exchange, &a.ready_exchange] {
+        for exchange in [
+            &a.commands_exchange,
+            &a.invalid_exchange,
+            &a.expired_exchange,
+            &a.ready_exchange,
+        ] {
             let _ = self
                 .channel
                 .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())

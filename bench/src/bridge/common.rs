@@ -349,10 +349,15 @@ impl Cleanup {
         Self {
             amqp_url: a.url.clone(),
             redis_url: config.redis.url.clone(),
-            queues: vec![a.commands_queue.clone(), a.invalid_queue.clone()],
+            queues: vec![
+                a.commands_queue.clone(),
+                a.invalid_queue.clone(),
+                a.expired_queue.clone(),
+            ],
             exchanges: vec![
                 a.commands_exchange.clone(),
                 a.invalid_exchange.clone(),
+                a.expired_exchange.clone(),
                 a.ready_exchange.clone(),
             ],
             prefixes: vec![config.redis.prefix.clone()],

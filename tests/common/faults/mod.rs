@@ -72,12 +72,17 @@ pub async fn cleanup_amqp(url: &str, config: &Config) {
     };
     if let Ok(channel) = conn.create_channel().await {
         let a = &config.amqp;
-        for queue in [&a.commands_queue, &a.invalid_queue] {
+        for queue in [&a.commands_queue, &a.invalid_queue, &a.expired_queue] {
             let _ = channel
                 .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                 .await;
         }
-        for exchange in [&a.commands_exchange, &a.invalid_exchange, &a.ready_exchange] {
+        for exchange in [
+            &a.commands_exchange,
+            &a.invalid_exchange,
+            &a.expired_exchange,
+            &a.ready_exchange,
+        ] {
             let _ = channel
                 .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
                 .await;
