@@ -60,20 +60,7 @@ impl Settler {
         if done.is_empty() {
             return;
         }
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            // The server's clock as last read (it can only lag it): a next occurrence a
-            // hair in the past is simply due at once, never early. Read again on each
-            // try, so a long Redis outage does not schedule occurrences in the past.
-            let leases = delivered(done, self.clock.now());
-            match self.store.release_noted(&leases).await {
-                Ok(released) => {
-                    released_all(&self.hints, &leases, released);
-                    break;
-                }
-                Err(err) => backoff = wait_for_redis(err, backoff).await,
-            }
-        }
+        self.release_until_answered(done, false).await;
         let now = self.clock.now();
         for done in done {
             let lateness_ms = (now - done.due_at).max(0);
@@ -90,23 +77,37 @@ impl Settler {
         }
     }
 
+    /// Releases `done` (logged `expired` when `expired`), retrying until Redis answers,
+    /// and hints the plan of every series moved on.
+    async fn release_until_answered(&self, done: &[Ticket], expired: bool) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            // The server's clock as last read (it can only lag it): a next occurrence a
+            // hair in the past is simply due at once, never early. Read again on each
+            // try, so a long Redis outage does not schedule occurrences in the past.
+            let leases = delivered(done, self.clock.now());
+            let answer = if expired {
+                let expired: Vec<Expired> = leases.iter().cloned().map(Expired).collect();
+                self.store.release_expired(&expired).await
+            } else {
+                self.store.release_noted(&leases).await
+            };
+            match answer {
+                Ok(released) => {
+                    released_all(&self.hints, &leases, released);
+                    return;
+                }
+                Err(err) => backoff = wait_for_redis(err, backoff).await,
+            }
+        }
+    }
+
     /// Releases expired jobs whose copy the expired exchange confirmed: a one-shot job
     /// is deleted, a series moves to its next occurrence (this one is set aside, the
     /// next still scheduled), each logged `expired`, counted in
     /// `redisched_jobs_expired_total{topic}`.
     async fn release_expired(&self, done: &[Ticket]) {
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            let leases = delivered(done, self.clock.now());
-            let expired: Vec<Expired> = leases.iter().cloned().map(Expired).collect();
-            match self.store.release_expired(&expired).await {
-                Ok(released) => {
-                    released_all(&self.hints, &leases, released);
-                    break;
-                }
-                Err(err) => backoff = wait_for_redis(err, backoff).await,
-            }
-        }
+        self.release_until_answered(done, true).await;
         let now = self.clock.now();
         for done in done {
             let expires_after_ms = done.expired.unwrap_or(0);
