@@ -506,7 +506,7 @@ impl Dispatcher {
                     },
                 };
                 if let Err(err) = self
-                    .publish(channel, &topic, job.clone(), permit, in_flight, settler)
+                    .publish(channel, &topic, &job, permit, in_flight, settler)
                     .await
                 {
                     self.hand_back(&topic, std::iter::once(job).chain(jobs).collect(), &err)
@@ -525,12 +525,12 @@ impl Dispatcher {
         &self,
         channel: &Channel,
         topic: &Topic,
-        job: ReservedJob,
+        job: &ReservedJob,
         permit: tokio::sync::OwnedSemaphorePermit,
         in_flight: &mpsc::UnboundedSender<InFlight>,
         settler: &Settler,
     ) -> Result<(), AmqpError> {
-        let ticket: Ticket = match sink::ticket(topic, &job) {
+        let ticket: Ticket = match sink::ticket(topic, job) {
             Ok(ticket) => ticket,
             Err((lease, reason)) => {
                 drop(permit);
@@ -545,7 +545,7 @@ impl Dispatcher {
             tracing::warn!(%topic, id = %job.id, %err, "job metadata unreadable; delivering without it");
             Default::default()
         });
-        let props = outgoing_properties(topic.as_str(), &job, stored);
+        let props = outgoing_properties(topic.as_str(), job, stored);
         let confirm = channel
             .basic_publish(
                 self.config.amqp.ready_exchange.as_str().into(),
