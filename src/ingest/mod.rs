@@ -201,11 +201,13 @@ impl Epoch {
     }
 }
 
-/// A batch as applied: its deliveries, each one's decoded command (or why it is
-/// invalid), and the store's result for each valid one, in order.
+/// A batch as applied: its deliveries, for each whether it decoded (or why it is
+/// invalid), the valid ones' commands and the store's result for each, in order.
 struct AppliedBatch {
     batch: Vec<Delivery>,
-    commands: Vec<Result<Command, Invalid>>,
+    commands: Vec<Result<(), Invalid>>,
+    /// The valid commands, in order: moved here, not cloned, from the decoded batch.
+    ops: Vec<Command>,
     results: Vec<Result<Applied, Rejection>>,
     /// A `delete-prefix` batch (its one delivery): how many jobs went, or why not.
     prefix: Option<Result<u64, Invalid>>,
@@ -428,6 +430,7 @@ impl Ingest {
                 return Some(AppliedBatch {
                     batch,
                     commands: Vec::new(),
+                    ops: Vec::new(),
                     results: Vec::new(),
                     prefix: Some(prefix),
                 });
@@ -453,13 +456,10 @@ impl Ingest {
         } else {
             0
         };
-        let commands: Vec<Result<Command, Invalid>> = decoded
+        let mut ops: Vec<Command> = Vec::with_capacity(decoded.len());
+        let commands: Vec<Result<(), Invalid>> = decoded
             .into_iter()
-            .map(|d| d.and_then(|d| d.resolve(now)))
-            .collect();
-        let ops: Vec<Command> = commands
-            .iter()
-            .filter_map(|d| d.as_ref().ok().cloned())
+            .map(|d| d.and_then(|d| d.resolve(now)).map(|c| ops.push(c)))
             .collect();
         let sent = Instant::now();
         let (results, replication) = self
@@ -481,6 +481,7 @@ impl Ingest {
         Some(AppliedBatch {
             batch,
             commands,
+            ops,
             results,
             prefix: None,
         })
@@ -542,9 +543,11 @@ impl Ingest {
         let AppliedBatch {
             batch,
             commands,
+            ops,
             mut results,
             prefix,
         } = applied;
+        let mut ops = ops.into_iter();
         results.reverse();
         let outcomes: Vec<Outcome> = match prefix {
             // A delete-prefix batch holds that one delivery.
@@ -554,13 +557,13 @@ impl Ingest {
                 .into_iter()
                 .map(|command| match command {
                     Err(invalid) => Outcome::Invalid(invalid.0),
-                    Ok(command) => match results.pop() {
-                        Some(Ok(done)) => {
+                    Ok(()) => match (ops.next(), results.pop()) {
+                        (Some(command), Some(Ok(done))) => {
                             self.after_applied(&command.op, done);
                             Outcome::Applied(done)
                         }
-                        Some(Err(rejection)) => Outcome::Invalid(rejection.to_string()),
-                        None => Outcome::Invalid("internal: no result for this command".into()),
+                        (_, Some(Err(rejection))) => Outcome::Invalid(rejection.to_string()),
+                        _ => Outcome::Invalid("internal: no result for this command".into()),
                     },
                 })
                 .collect(),
