@@ -219,12 +219,16 @@ async fn measure(
     };
 
     // 1. startup
-    common::wait_until("the bridge's consumer", Duration::from_secs(300), || async {
-        if let Some(status) = bridge_exited(pid) {
-            bail!("the bridge under valgrind exited early: {status}");
-        }
-        Ok(common::queue_consumers(&setup, &config.amqp.commands_queue).await? > 0)
-    })
+    common::wait_until(
+        "the bridge's consumer",
+        Duration::from_secs(300),
+        || async {
+            if let Some(status) = bridge_exited(pid) {
+                bail!("the bridge under valgrind exited early: {status}");
+            }
+            Ok(common::queue_consumers(&setup, &config.amqp.commands_queue).await? > 0)
+        },
+    )
     .await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     phases.push(end_phase("startup", commandstats(&conn).await?)?);
@@ -247,10 +251,7 @@ async fn measure(
                 let id = common::job_id("job", i);
                 let props = common::command_props(
                     &id,
-                    &[(
-                        redisched::amqp::headers::DELAY,
-                        AMQPValue::LongLongInt(0),
-                    )],
+                    &[(redisched::amqp::headers::DELAY, AMQPValue::LongLongInt(0))],
                 );
                 (routing.clone(), props, body.clone())
             },
@@ -492,10 +493,22 @@ fn print_table(report: &Value) {
             v["median"], v["min"], v["max"], v["spread_percent"]
         )
     };
-    println!("\ninstructions of the bridge (callgrind Ir), N = {}", report["n"]);
-    println!("  per ingested command: {}", show(&report["instructions_per_command"]));
-    println!("  per dispatched job:   {}", show(&report["instructions_per_job"]));
-    println!("  idle, per second:     {}", show(&report["idle_instructions_per_s"]));
+    println!(
+        "\ninstructions of the bridge (callgrind Ir), N = {}",
+        report["n"]
+    );
+    println!(
+        "  per ingested command: {}",
+        show(&report["instructions_per_command"])
+    );
+    println!(
+        "  per dispatched job:   {}",
+        show(&report["instructions_per_job"])
+    );
+    println!(
+        "  idle, per second:     {}",
+        show(&report["idle_instructions_per_s"])
+    );
     println!(
         "  Redis, ingest: put.lua µs per call {} ({} calls per command)",
         show(&report["redis_put_lua_usec_per_call"]),
