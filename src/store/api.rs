@@ -183,8 +183,8 @@ impl Store {
                     PutMode::Replace => "replace",
                 };
                 let spec = command.schedule().map_or("", ScheduleSpec::as_str);
-                // The eleven arguments below: the three variable ones, and at most 20
-                // digits for each of the four numbers.
+                // The twelve arguments below: the variable ones as they are, at most 20
+                // digits for each of the four numbers, 16 bytes for the two words.
                 let bytes = put.id.as_str().len()
                     + put.body.len()
                     + put.meta.len()
