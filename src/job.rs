@@ -233,11 +233,14 @@ impl Due {
     /// `given` (the value as the user wrote it) name it in the error. Wide integers
     /// take saturated floats and 20-digit strings without wrapping.
     pub fn delay(field: &str, given: impl fmt::Display, ms: i128) -> Result<Due, DueError> {
-        let (field, given) = (field.to_string(), given.to_string());
+        // The field and value are spelled out only for an error (every command passes here).
+        let spelled = || (field.to_string(), given.to_string());
         if ms > i128::from(MAX_TIME_MS) {
+            let (field, given) = spelled();
             return Err(DueError::DelayTooLarge { field, given });
         }
         if ms < -i128::from(MAX_TIME_MS) {
+            let (field, given) = spelled();
             return Err(DueError::DelayTooNegative { field, given });
         }
         Ok(Due::Delay(ms.max(0) as i64))
@@ -246,11 +249,13 @@ impl Due {
     /// A due time in epoch ms (a past time means now), refused before 1970 and beyond
     /// [`MAX_TIME_MS`].
     pub fn at(field: &str, given: impl fmt::Display, epoch_ms: i128) -> Result<Due, DueError> {
-        let (field, given) = (field.to_string(), given.to_string());
+        let spelled = || (field.to_string(), given.to_string());
         if epoch_ms < 0 {
+            let (field, given) = spelled();
             return Err(DueError::BeforeEpoch { field, given });
         }
         if epoch_ms > i128::from(MAX_TIME_MS) {
+            let (field, given) = spelled();
             return Err(DueError::TooLate { field, given });
         }
         Ok(Due::At(epoch_ms as i64))

@@ -9,6 +9,7 @@
 //! cargo run --release -p redisched-bench -- store --history on   # only the history-on side
 //! cargo run --release -p redisched-bench -- put-cost --private-redis   # put.lua vs bare script
 //! cargo run --release -p redisched-bench -- layout   # today's record layout vs bucketed
+//! cargo run --release -p redisched-bench -- instructions   # bridge instructions per command/job (callgrind)
 //! ```
 //!
 //! `store` and `dispatch` compare the outcome history on (cap 1000) and off
@@ -39,6 +40,7 @@ use serde_json::{json, Value};
 use bridge::common::{History, HistoryChoice, Spread};
 
 mod bridge;
+mod instructions;
 mod layout;
 mod private_redis;
 mod put_cost;
@@ -67,6 +69,10 @@ enum Command {
     Layout(LayoutArgs),
     #[command(flatten)]
     Bridge(bridge::BridgeCommand),
+    /// Instructions of the bridge process (valgrind callgrind) per ingested command and
+    /// per dispatched job, Redis's EVALSHA time per command and per job in the same run,
+    /// and put.lua beside a bare ZADD+HSET script.
+    Instructions(instructions::InstructionsArgs),
     /// Ingest with redis.wait_replicas 0 vs 1 on a primary with a replica: throughput,
     /// command latency, and the raw WAIT floor.
     Replication(replication::ReplicationArgs),
@@ -187,6 +193,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Store(args) => store_bench(args).await,
         Command::PutCost(args) => put_cost_bench(args).await,
+        Command::Instructions(args) => instructions::run(args).await,
         Command::Layout(args) => layout_bench(args).await,
         Command::Bridge(command) => bridge::run(command, store_for_all).await,
         Command::Replication(args) => replication::run(args).await,

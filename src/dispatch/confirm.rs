@@ -110,8 +110,10 @@ impl Confirmer {
 
     /// Releases the acked jobs; their window permits return only afterwards.
     async fn release(&self, acked: &mut Vec<(Ticket, OwnedSemaphorePermit)>) {
-        let tickets: Vec<Ticket> = acked.iter().map(|(t, _)| t.clone()).collect();
+        // Moved out, not cloned (a ticket holds the job's topic, id and note); the
+        // permits are held until the release returned.
+        let (tickets, permits): (Vec<Ticket>, Vec<OwnedSemaphorePermit>) = acked.drain(..).unzip();
         self.settler.release(&tickets).await;
-        acked.clear();
+        drop(permits);
     }
 }

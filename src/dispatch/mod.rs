@@ -525,7 +525,7 @@ impl Dispatcher {
                     },
                 };
                 if let Err(err) = self
-                    .publish(channel, &topic, job.clone(), permit, in_flight, settler)
+                    .publish(channel, &topic, &job, permit, in_flight, settler)
                     .await
                 {
                     self.hand_back(&topic, std::iter::once(job).chain(jobs).collect(), &err)
@@ -544,12 +544,12 @@ impl Dispatcher {
         &self,
         channel: &Channel,
         topic: &Topic,
-        job: ReservedJob,
+        job: &ReservedJob,
         permit: tokio::sync::OwnedSemaphorePermit,
         in_flight: &mpsc::UnboundedSender<InFlight>,
         settler: &Settler,
     ) -> Result<(), AmqpError> {
-        let mut ticket: Ticket = match sink::ticket(topic, &job) {
+        let mut ticket: Ticket = match sink::ticket(topic, job) {
             Ok(ticket) => ticket,
             Err((lease, reason)) => {
                 drop(permit);
@@ -569,21 +569,21 @@ impl Dispatcher {
         // confirms; released once that copy is confirmed.
         let (exchange, props) = match self
             .expiry
-            .expired_at(topic, &job, &stored, self.clock.now())
+            .expired_at(topic, job, &stored, self.clock.now())
         {
             Some(ms) => {
                 ticket = expiry::mark_expired(ticket, ms);
                 (
                     &self.config.amqp.expired_exchange,
-                    expiry::expired_properties(topic, &job, stored, ms),
+                    expiry::expired_properties(topic, job, stored, ms),
                 )
             }
             None => (
                 &self.config.amqp.ready_exchange,
-                outgoing_properties(topic.as_str(), &job, stored),
+                outgoing_properties(topic.as_str(), job, stored),
             ),
         };
-        let confirm = expiry::publish(channel, exchange, topic, &job, props).await?;
+        let confirm = expiry::publish(channel, exchange, topic, job, props).await?;
         self.metrics.publishes_in_flight.inc();
         let flight = InFlight {
             ticket,

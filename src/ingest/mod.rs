@@ -23,7 +23,7 @@
 mod decode;
 mod job_url;
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -89,24 +89,50 @@ const ISOLATION_IDLE: Duration = Duration::from_millis(500);
 /// per batch. Two suffice to keep Redis busy; more only add unacked work at a crash.
 const BATCHES_IN_FLIGHT: usize = 2;
 
-/// A job a command names: batches in flight together name disjoint jobs, so commands
-/// on one job apply in delivery order, whatever order the batches finish in.
-type JobKey = (String, String);
+/// A job a command names, as a hash of its topic and id: batches in flight together
+/// name disjoint jobs, so commands on one job apply in delivery order, whatever order
+/// the batches finish in. Taken from the delivery's borrowed fields (no allocation per
+/// delivery); two jobs whose hashes collide only make a batch wait for the other, which
+/// is what a shared job would do, so a collision costs time, never order.
+type JobKey = u64;
 
 fn job_key(delivery: &Delivery) -> Option<JobKey> {
-    let id = amqp::job_id(&delivery.properties).ok().flatten()?;
-    Some((delivery.routing_key.to_string(), id))
+    use std::hash::Hasher;
+    let props = &delivery.properties;
+    // As `amqp::job_id`: message_id, else the x-redisched-id text header (a command
+    // with neither, or a non-text header, is invalid and names no job).
+    let id: &[u8] = match props.message_id() {
+        Some(id) => id.as_str().as_bytes(),
+        None => match props
+            .headers()
+            .as_ref()
+            .and_then(|t| t.inner().get(headers::ID))
+        {
+            Some(AMQPValue::LongString(s)) => s.as_bytes(),
+            Some(AMQPValue::ShortString(s)) => s.as_str().as_bytes(),
+            _ => return None,
+        },
+    };
+    // Fixed keys: the same job must hash the same in every batch.
+    let mut hasher = std::hash::DefaultHasher::new();
+    hasher.write(delivery.routing_key.as_str().as_bytes());
+    hasher.write_u8(0xff);
+    hasher.write(id);
+    Some(hasher.finish())
 }
 
-/// What a batch in flight names: its jobs, or everything (a `delete-prefix`, whose
-/// jobs are only known once it ran, so nothing may run beside it).
+/// What a batch in flight names: its jobs (sorted, without duplicates), or everything
+/// (a `delete-prefix`, whose jobs are only known once it ran, so nothing may run
+/// beside it).
 struct Named {
-    jobs: HashSet<JobKey>,
+    jobs: Vec<JobKey>,
     barrier: bool,
 }
 
 impl Named {
-    fn jobs(jobs: HashSet<JobKey>) -> Self {
+    fn jobs(mut jobs: Vec<JobKey>) -> Self {
+        jobs.sort_unstable();
+        jobs.dedup();
         Self {
             jobs,
             barrier: false,
@@ -115,13 +141,29 @@ impl Named {
 
     fn barrier() -> Self {
         Self {
-            jobs: HashSet::new(),
+            jobs: Vec::new(),
             barrier: true,
         }
     }
 
     fn conflicts(&self, other: &Named) -> bool {
-        self.barrier || other.barrier || !self.jobs.is_disjoint(&other.jobs)
+        if self.barrier || other.barrier {
+            return true;
+        }
+        // Both sorted: one merge walk.
+        let (mut a, mut b) = (self.jobs.iter().peekable(), other.jobs.iter().peekable());
+        while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
+            match x.cmp(y) {
+                std::cmp::Ordering::Less => {
+                    a.next();
+                }
+                std::cmp::Ordering::Greater => {
+                    b.next();
+                }
+                std::cmp::Ordering::Equal => return true,
+            }
+        }
+        false
     }
 }
 
@@ -159,11 +201,13 @@ impl Epoch {
     }
 }
 
-/// A batch as applied: its deliveries, each one's decoded command (or why it is
-/// invalid), and the store's result for each valid one, in order.
+/// A batch as applied: its deliveries, for each whether it decoded (or why it is
+/// invalid), the valid ones' commands and the store's result for each, in order.
 struct AppliedBatch {
     batch: Vec<Delivery>,
-    commands: Vec<Result<Command, Invalid>>,
+    commands: Vec<Result<(), Invalid>>,
+    /// The valid commands, in order: moved here, not cloned, from the decoded batch.
+    ops: Vec<Command>,
     results: Vec<Result<Applied, Rejection>>,
     /// A `delete-prefix` batch (its one delivery): how many jobs went, or why not.
     prefix: Option<Result<u64, Invalid>>,
@@ -390,6 +434,7 @@ impl Ingest {
                 return Some(AppliedBatch {
                     batch,
                     commands: Vec::new(),
+                    ops: Vec::new(),
                     results: Vec::new(),
                     prefix: Some(prefix),
                 });
@@ -415,13 +460,10 @@ impl Ingest {
         } else {
             0
         };
-        let commands: Vec<Result<Command, Invalid>> = decoded
+        let mut ops: Vec<Command> = Vec::with_capacity(decoded.len());
+        let commands: Vec<Result<(), Invalid>> = decoded
             .into_iter()
-            .map(|d| d.and_then(|d| d.resolve(now)))
-            .collect();
-        let ops: Vec<Command> = commands
-            .iter()
-            .filter_map(|d| d.as_ref().ok().cloned())
+            .map(|d| d.and_then(|d| d.resolve(now)).map(|c| ops.push(c)))
             .collect();
         let sent = Instant::now();
         let (results, replication) = self
@@ -443,6 +485,7 @@ impl Ingest {
         Some(AppliedBatch {
             batch,
             commands,
+            ops,
             results,
             prefix: None,
         })
@@ -504,9 +547,11 @@ impl Ingest {
         let AppliedBatch {
             batch,
             commands,
+            ops,
             mut results,
             prefix,
         } = applied;
+        let mut ops = ops.into_iter();
         results.reverse();
         let outcomes: Vec<Outcome> = match prefix {
             // A delete-prefix batch holds that one delivery.
@@ -516,13 +561,13 @@ impl Ingest {
                 .into_iter()
                 .map(|command| match command {
                     Err(invalid) => Outcome::Invalid(invalid.0),
-                    Ok(command) => match results.pop() {
-                        Some(Ok(done)) => {
+                    Ok(()) => match (ops.next(), results.pop()) {
+                        (Some(command), Some(Ok(done))) => {
                             self.after_applied(&command.op, done);
                             Outcome::Applied(done)
                         }
-                        Some(Err(rejection)) => Outcome::Invalid(rejection.to_string()),
-                        None => Outcome::Invalid("internal: no result for this command".into()),
+                        (_, Some(Err(rejection))) => Outcome::Invalid(rejection.to_string()),
+                        _ => Outcome::Invalid("internal: no result for this command".into()),
                     },
                 })
                 .collect(),

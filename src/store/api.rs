@@ -182,7 +182,18 @@ impl Store {
                     PutMode::Keep => "nx",
                     PutMode::Replace => "replace",
                 };
-                Scripts::call_with_keys(&scripts.put, &put.topic, keys)
+                let spec = command.schedule().map_or("", ScheduleSpec::as_str);
+                // The twelve arguments below: the variable ones as they are, at most 20
+                // digits for each of the four numbers, 16 bytes for the two words.
+                let bytes = put.id.as_str().len()
+                    + put.body.len()
+                    + put.meta.len()
+                    + channel.len()
+                    + spec.len()
+                    + epoch.len()
+                    + 4 * 20
+                    + 16;
+                Scripts::call_sized(&scripts.put, &put.topic, keys, 12, bytes)
                     .arg(put.id.as_str())
                     .arg(&put.body[..])
                     .arg(&put.meta[..])
@@ -192,7 +203,7 @@ impl Store {
                     .arg(self.limits.max_delay_ms)
                     .arg(self.limits.max_body_bytes)
                     .arg(channel)
-                    .arg(command.schedule().map_or("", ScheduleSpec::as_str))
+                    .arg(spec)
                     .arg(self.history_max)
                     .arg(epoch)
             }

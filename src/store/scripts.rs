@@ -63,8 +63,23 @@ impl Scripts {
 
     /// [`Scripts::call`] with an explicit key list (all under the topic's hash tag).
     pub(crate) fn call_with_keys(script: &Script, topic: &Topic, keys: &[String]) -> Call {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+        Self::call_sized(script, topic, keys, 16, 128)
+    }
+
+    /// [`Scripts::call_with_keys`] with room for `more_args` arguments of `more_bytes`
+    /// in all after the keys: the command's buffers are sized once instead of growing
+    /// (and being copied) argument by argument.
+    pub(crate) fn call_sized(
+        script: &Script,
+        topic: &Topic,
+        keys: &[String],
+        more_args: usize,
+        more_bytes: usize,
+    ) -> Call {
+        let hash = script.get_hash();
+        let bytes = "EVALSHA".len() + hash.len() + 4 + keys.iter().map(String::len).sum::<usize>();
+        let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + more_args, bytes + more_bytes);
+        cmd.arg("EVALSHA").arg(hash).arg(keys.len()).arg(keys);
         Call::on_topic(topic, cmd)
     }
 
