@@ -84,6 +84,20 @@ const ISOLATION_IDLE: Duration = Duration::from_millis(500);
 // window returned was acked, and a valid command gains at most one delivery per
 // unparseable message met at the normal prefetch.
 
+/// A lane draining a previous topology's queue ends after this long with nothing
+/// arriving and nothing in hand; between looks, the drain waits [`DRAIN_POLL`].
+const DRAIN_IDLE: Duration = Duration::from_secs(1);
+const DRAIN_POLL: Duration = Duration::from_secs(1);
+
+/// One commands queue as ingest consumes it: its name, the store whose fenced writes
+/// use the queue's fence (each command partition has its own), and whether it is a
+/// previous topology's queue being drained.
+struct Lane {
+    queue: String,
+    store: Store,
+    drain: bool,
+}
+
 /// Batches sent to Redis before the first of them came back: the next batch is applied
 /// while the previous one is still in Redis or being acked, which hides a round trip
 /// per batch. Two suffice to keep Redis busy; more only add unacked work at a crash.
@@ -182,15 +196,174 @@ impl Ingest {
     /// taken and the batches in hand are finished and acked; prefetched deliveries that
     /// were not started go back to the queue when the channel closes (no `basic.cancel`
     /// first, see [`Ingest::consume`]).
+    ///
+    /// First the commands queues of another topology (`amqp.command_partitions`
+    /// changed) are drained: unbound, consumed until empty and deleted, before any queue
+    /// of this one is consumed (see [`Ingest::previous_topology`]). Then one lane per
+    /// queue: the commands queue, or each of the command partitions, all on this
+    /// connection, each with its own channels, epoch and fence.
     pub async fn run(
         &self,
         connection: &Connection,
         shutdown: CancellationToken,
     ) -> Result<(), AmqpError> {
+        let previous = self.previous_topology(connection).await?;
+        if !previous.is_empty() {
+            futures_util::future::try_join_all(
+                previous
+                    .iter()
+                    .map(|lane| self.drain(connection, &shutdown, lane)),
+            )
+            .await?;
+            if shutdown.is_cancelled() {
+                return Ok(());
+            }
+        }
+        let partitions = self.config.amqp.command_partitions;
+        if partitions <= 1 {
+            let lane = Lane {
+                queue: self.config.amqp.commands_queue.clone(),
+                store: self.store.clone(),
+                drain: false,
+            };
+            return self.run_lane(connection, &shutdown, &lane).await;
+        }
+        // Bridges started together should not all ask for partition 0 first: each starts
+        // at its own offset, so the first consumer of each partition (the active one)
+        // tends to differ.
+        let offset = (std::process::id() % u32::from(partitions)) as u16;
+        let lanes: Vec<Lane> = (0..partitions)
+            .map(|i| {
+                let k = (i + offset) % partitions;
+                Lane {
+                    queue: amqp::partition_queue(&self.config.amqp, k),
+                    store: self.store.for_partition(k),
+                    drain: false,
+                }
+            })
+            .collect();
+        futures_util::future::try_join_all(
+            lanes
+                .iter()
+                .map(|lane| self.run_partition(connection, &shutdown, lane)),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// One partition's lane until shutdown: a session that ended without an error (it
+    /// was fenced, or gave a batch up) consumes again on a new channel, so the other
+    /// partitions this bridge holds are not handed over with it; an error ends them all.
+    async fn run_partition(
+        &self,
+        connection: &Connection,
+        shutdown: &CancellationToken,
+        lane: &Lane,
+    ) -> Result<(), AmqpError> {
+        while !shutdown.is_cancelled() {
+            self.run_lane(connection, shutdown, lane).await?;
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The queues of the other topology that still exist, after unbinding them from the
+    /// commands exchange (so they receive no new command): the one commands queue when
+    /// partitioned, the partitions when not. A partition beyond this configuration's
+    /// count means the count changed between two values above 1, which cannot keep a
+    /// job's order (both topologies use the same queue names): refused, go through 1.
+    async fn previous_topology(&self, connection: &Connection) -> Result<Vec<Lane>, AmqpError> {
+        let cfg = &self.config.amqp;
+        let partitions = cfg.command_partitions;
+        if partitions > 1 {
+            let beyond = amqp::partition_queue(cfg, partitions);
+            if amqp::queue_state(connection, &beyond).await?.is_some() {
+                return Err(AmqpError::Topology(format!(
+                    "amqp.command_partitions = {partitions} but queue {beyond} exists: the partition count was larger; change it through amqp.command_partitions = 1 (README, Order)"
+                )));
+            }
+            if amqp::queue_state(connection, &cfg.commands_queue)
+                .await?
+                .is_none()
+            {
+                return Ok(Vec::new());
+            }
+            amqp::unbind_commands(connection, cfg, false).await?;
+            return Ok(vec![Lane {
+                queue: cfg.commands_queue.clone(),
+                store: self.store.clone(),
+                drain: true,
+            }]);
+        }
+        let existing = amqp::existing_partitions(connection, cfg).await?;
+        if existing == 0 {
+            return Ok(Vec::new());
+        }
+        amqp::unbind_commands(connection, cfg, true).await?;
+        Ok((0..existing)
+            .map(|k| Lane {
+                queue: amqp::partition_queue(cfg, k),
+                store: self.store.for_partition(k),
+                drain: true,
+            })
+            .collect())
+    }
+
+    /// Drains a queue of the previous topology: consumes it (a lane that ends once idle)
+    /// while it holds commands nobody consumes, and deletes it once it is empty and
+    /// unused (one step on the broker), so every command it held was applied and acked
+    /// before this bridge consumes the new topology. While another bridge still consumes
+    /// it (one configured the old way), it waits.
+    async fn drain(
+        &self,
+        connection: &Connection,
+        shutdown: &CancellationToken,
+        lane: &Lane,
+    ) -> Result<(), AmqpError> {
+        let mut waiting_logged = false;
+        while !shutdown.is_cancelled() {
+            let Some((ready, consumers)) = amqp::queue_state(connection, &lane.queue).await?
+            else {
+                return Ok(());
+            };
+            if ready > 0 && consumers == 0 {
+                tracing::info!(queue = %lane.queue, ready, "applying the commands left in the previous topology's queue before consuming the new one");
+                self.run_lane(connection, shutdown, lane).await?;
+                continue;
+            }
+            if ready == 0 && amqp::delete_if_drained(connection, &lane.queue).await? {
+                tracing::info!(queue = %lane.queue, "the previous topology's commands queue is drained; deleted it");
+                return Ok(());
+            }
+            if !waiting_logged {
+                tracing::warn!(queue = %lane.queue, ready, consumers, partitions = self.config.amqp.command_partitions,
+                    "amqp.command_partitions changed: waiting for the previous topology's commands queue to drain (a bridge still consumes it, or holds commands of it unacked) before consuming the new one; new commands wait in the new queues meanwhile");
+                waiting_logged = true;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(DRAIN_POLL) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// One queue's lane (see [`Ingest::run`]): consumes until shutdown, a broker error,
+    /// or (draining) until the queue is idle.
+    async fn run_lane(
+        &self,
+        connection: &Connection,
+        shutdown: &CancellationToken,
+        lane: &Lane,
+    ) -> Result<(), AmqpError> {
         use std::sync::atomic::Ordering::Relaxed;
+        let shutdown = shutdown.clone();
         loop {
             let careful = self.isolation.careful.load(Relaxed);
-            match self.consume(connection, &shutdown, careful).await {
+            match self.consume(connection, &shutdown, careful, lane).await {
                 // The unparseable message is gone: reopen at the normal prefetch, on the
                 // same connection (nothing is unacked at this point).
                 Ok(true) => {
@@ -235,9 +408,9 @@ impl Ingest {
         connection: &Connection,
         shutdown: &CancellationToken,
         careful: bool,
+        lane: &Lane,
     ) -> Result<bool, AmqpError> {
         let shutdown = shutdown.clone();
-        let cfg = &self.config.amqp;
         let (prefetch, batch_max) = if careful {
             (1, 1)
         } else {
@@ -250,16 +423,16 @@ impl Ingest {
         let tag = format!("redisched-ingest-{}", std::process::id());
         let mut consumer = channel
             .basic_consume(
-                cfg.commands_queue.as_str().into(),
+                lane.queue.as_str().into(),
                 tag.as_str().into(),
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
             )
             .await?;
         if careful {
-            tracing::info!(queue = %cfg.commands_queue, "consuming commands one at a time (isolating an unparseable message)");
+            tracing::info!(queue = %lane.queue, "consuming commands one at a time (isolating an unparseable message)");
         } else {
-            tracing::info!(queue = %cfg.commands_queue, "consuming commands");
+            tracing::info!(queue = %lane.queue, "consuming commands");
         }
 
         let epoch = Epoch::default();
@@ -283,7 +456,7 @@ impl Ingest {
                 if named.iter().any(|earlier| earlier.conflicts(&jobs)) {
                     held = Some((batch, jobs));
                 } else {
-                    in_flight.push_back(self.apply_batch(&channel, batch, &epoch, &shutdown));
+                    in_flight.push_back(self.apply_batch(&lane.store, &channel, batch, &epoch, &shutdown));
                     named.push_back(jobs);
                 }
             }
@@ -352,6 +525,10 @@ impl Ingest {
                     recovered = true;
                     break;
                 }
+                // Draining a previous topology's queue: nothing came for a while with
+                // nothing in hand, so it is empty (or another bridge is its active
+                // consumer); [`Ingest::drain`] looks again.
+                _ = tokio::time::sleep(DRAIN_IDLE), if lane.drain && !careful && idle && !draining => break,
             }
         }
         // Best effort and bounded: the connection may already be gone or hung, and
@@ -373,6 +550,7 @@ impl Ingest {
     /// superseded (fenced); the batch stays unacked and is redelivered.
     async fn apply_batch(
         &self,
+        store: &Store,
         channel: &Channel,
         batch: Vec<Delivery>,
         epoch: &Epoch,
@@ -381,7 +559,7 @@ impl Ingest {
         if let [delivery] = batch.as_slice() {
             if decode::is_prefix_delete(&delivery.properties) {
                 let prefix = self
-                    .apply_prefix(channel, delivery, epoch, shutdown)
+                    .apply_prefix(store, channel, delivery, epoch, shutdown)
                     .await?;
                 return Some(AppliedBatch {
                     batch,
@@ -392,7 +570,7 @@ impl Ingest {
             }
         }
         let rules = Rules {
-            limits: self.store.limits(),
+            limits: store.limits(),
             min_interval_ms: self.config.limits.min_interval_ms,
         };
         let targets = &self.config.targets;
@@ -406,7 +584,7 @@ impl Ingest {
             .iter()
             .any(|d| d.as_ref().is_ok_and(Decoded::needs_now));
         let now = if needs_now {
-            self.until_done(shutdown, channel, || self.store.server_time())
+            self.until_done(shutdown, channel, || store.server_time())
                 .await?
         } else {
             0
@@ -421,7 +599,7 @@ impl Ingest {
             .collect();
         let sent = Instant::now();
         let (results, replication) = self
-            .until_done(shutdown, channel, || self.apply(&ops, epoch))
+            .until_done(shutdown, channel, || self.apply(store, &ops, epoch))
             .await?;
         if let Some(fenced) = first_fenced(&results) {
             // Another bridge took over these commands' topics (our deliveries went back
@@ -431,7 +609,7 @@ impl Ingest {
             return None;
         }
         if !self
-            .until_replicated(channel, &ops, epoch, replication, sent, shutdown)
+            .until_replicated(store, channel, &ops, epoch, replication, sent, shutdown)
             .await
         {
             return None;
@@ -448,6 +626,7 @@ impl Ingest {
     /// started), fenced like puts and deletes. `None` as for [`Ingest::apply_batch`].
     async fn apply_prefix(
         &self,
+        store: &Store,
         channel: &Channel,
         delivery: &Delivery,
         epoch: &Epoch,
@@ -461,11 +640,11 @@ impl Ingest {
         let outcome = self
             .until_done(shutdown, channel, || async {
                 let used = if fenced {
-                    Some(epoch.get(&self.store).await?)
+                    Some(epoch.get(store).await?)
                 } else {
                     None
                 };
-                match self.store.delete_prefix(&topic, &prefix, used).await {
+                match store.delete_prefix(&topic, &prefix, used).await {
                     Ok(n) => Ok(Ok(n)),
                     Err(StoreError::Rejected(rejection)) => Ok(Err(rejection)),
                     Err(err) => {
@@ -557,14 +736,15 @@ impl Ingest {
     /// replicas confirmed.
     async fn apply(
         &self,
+        store: &Store,
         ops: &[Command],
         epoch: &Epoch,
     ) -> Result<(Vec<Result<Applied, Rejection>>, Replication), StoreError> {
         if !self.config.amqp.single_active_consumer {
-            return self.store.apply_durably(ops, None).await;
+            return store.apply_durably(ops, None).await;
         }
-        let used = epoch.get(&self.store).await?;
-        let result = self.store.apply_durably(ops, Some(used)).await;
+        let used = epoch.get(store).await?;
+        let result = store.apply_durably(ops, Some(used)).await;
         if result.is_err() {
             // The request may still reach Redis later over the old connection: the
             // retry writes with a newer epoch, so that late arrival is refused.
@@ -628,8 +808,10 @@ impl Ingest {
     /// would be dead-lettered while valid. `false` on shutdown, once `channel` closed (the
     /// broker took the batch back: see [`Ingest::until_done`]), or when the re-applied
     /// batch was fenced: the batch stays unacked and is redelivered.
+    #[allow(clippy::too_many_arguments)]
     async fn until_replicated(
         &self,
+        store: &Store,
         channel: &Channel,
         commands: &[Command],
         epoch: &Epoch,
@@ -681,11 +863,11 @@ impl Ingest {
             pause = (pause * 2).min(Duration::from_secs(1));
             let next = match &mark {
                 Some(mark) => {
-                    self.until_done(shutdown, channel, || self.store.wait_durable(mark))
+                    self.until_done(shutdown, channel, || store.wait_durable(mark))
                         .await
                 }
                 None => match self
-                    .until_done(shutdown, channel, || self.apply(commands, epoch))
+                    .until_done(shutdown, channel, || self.apply(store, commands, epoch))
                     .await
                 {
                     Some((results, _)) if first_fenced(&results).is_some() => {
