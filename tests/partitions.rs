@@ -48,26 +48,74 @@ async fn queue_state(broker: &Broker, queue: &str) -> Option<(u32, u32)> {
     state
 }
 
-/// Waits until every partition has `consumers` consumers (each bridge consumes all).
-async fn await_consumers(broker: &Broker, consumers: u32, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let mut all = true;
-        for k in 0..broker.config.amqp.command_partitions {
-            let queue = redisched::amqp::partition_queue(&broker.config.amqp, k);
-            if queue_state(broker, &queue).await.map_or(0, |s| s.1) < consumers {
-                all = false;
-            }
-        }
-        if all {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the partitions did not get {consumers} consumers within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+/// A bridge of this build whose log goes to a file, so a test can see that it
+/// consumes (a waiting single-active consumer is invisible to a passive declare).
+struct Logged {
+    bridge: ChildBridge,
+    log: std::path::PathBuf,
+}
+
+impl Logged {
+    fn start(config: &Config) -> Self {
+        let log = std::env::temp_dir().join(format!("{}.log", common::unique("partlog")));
+        let file = std::fs::File::create(&log).expect("log file");
+        let stderr = file.try_clone().expect("log file");
+        let bridge = ChildBridge::start_logging(config, file.into(), stderr.into());
+        Self { bridge, log }
     }
+
+    /// Waits until the bridge consumes `queues` queues (active or waiting on each).
+    async fn await_consuming(&self, queues: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            if text.matches("consuming commands").count() >= queues {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the bridge did not consume {queues} queues within {within:?}; its log:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+impl std::ops::Deref for Logged {
+    type Target = ChildBridge;
+    fn deref(&self) -> &ChildBridge {
+        &self.bridge
+    }
+}
+
+impl std::ops::DerefMut for Logged {
+    fn deref_mut(&mut self) -> &mut ChildBridge {
+        &mut self.bridge
+    }
+}
+
+/// Starts `count` bridges and waits until each consumes every partition.
+async fn start_bridges(config: &Config, count: usize) -> Vec<Logged> {
+    let bridges: Vec<Logged> = (0..count).map(|_| Logged::start(config)).collect();
+    for bridge in &bridges {
+        bridge
+            .await_consuming(
+                usize::from(config.amqp.command_partitions),
+                Duration::from_secs(60),
+            )
+            .await;
+    }
+    bridges
 }
 
 /// The jobs of one run: for each id, `put a` and `replace b` (both far in the
@@ -97,7 +145,12 @@ impl Sequences {
         }
         for i in range.clone() {
             broker
-                .put(&self.topic, &self.ids[i], b"b", &[delay(far), op("replace")])
+                .put(
+                    &self.topic,
+                    &self.ids[i],
+                    b"b",
+                    &[delay(far), op("replace")],
+                )
                 .await;
         }
         for i in range {
@@ -189,8 +242,7 @@ async fn three_bridges_over_eight_partitions_apply_each_jobs_commands_in_order()
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
     let mut invalid = broker.consume_invalid().await;
-    let mut bridges: Vec<ChildBridge> = (0..3).map(|_| ChildBridge::start(&config)).collect();
-    await_consumers(&broker, 3, Duration::from_secs(60)).await;
+    let mut bridges = start_bridges(&config, 3).await;
 
     let jobs = Sequences::new("p3", 600);
     for chunk in 0..6 {
@@ -200,7 +252,9 @@ async fn three_bridges_over_eight_partitions_apply_each_jobs_commands_in_order()
         .await;
     for k in 0..PARTITIONS {
         let queue = redisched::amqp::partition_queue(&config.amqp, k);
-        let (depth, _) = queue_state(&broker, &queue).await.expect("partition exists");
+        let (depth, _) = queue_state(&broker, &queue)
+            .await
+            .expect("partition exists");
         assert_eq!(depth, 0, "{queue} still holds commands");
     }
     for bridge in &mut bridges {
@@ -217,10 +271,8 @@ async fn a_bridge_killed_while_holding_partitions_loses_and_reorders_nothing() {
     let mut invalid = broker.consume_invalid().await;
     // The first bridge up takes every partition (it is each one's first consumer);
     // the two after it wait.
-    let mut first = ChildBridge::start(&config);
-    await_consumers(&broker, 1, Duration::from_secs(60)).await;
-    let mut others: Vec<ChildBridge> = (0..2).map(|_| ChildBridge::start(&config)).collect();
-    await_consumers(&broker, 3, Duration::from_secs(60)).await;
+    let mut first = start_bridges(&config, 1).await.remove(0);
+    let mut others = start_bridges(&config, 2).await;
 
     let jobs = Sequences::new("pk", 600);
     jobs.publish(&broker, 0..200).await;
@@ -247,15 +299,17 @@ async fn a_bridge_added_and_one_removed_while_commands_flow_keep_each_jobs_order
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
     let mut invalid = broker.consume_invalid().await;
-    let mut first = ChildBridge::start(&config);
-    await_consumers(&broker, 1, Duration::from_secs(60)).await;
+    let mut first = start_bridges(&config, 1).await.remove(0);
 
     let jobs = Sequences::new("pm", 600);
     jobs.publish(&broker, 0..150).await;
     // Added while commands flow: it waits on every partition ...
-    let mut second = ChildBridge::start(&config);
+    let second = Logged::start(&config);
     jobs.publish(&broker, 150..300).await;
-    await_consumers(&broker, 2, Duration::from_secs(60)).await;
+    second
+        .await_consuming(usize::from(PARTITIONS), Duration::from_secs(60))
+        .await;
+    let mut second = second;
     // ... and takes them over when the first one leaves (SIGTERM) mid-flow.
     let publishing = jobs.publish(&broker, 300..450);
     let leave = async {
@@ -303,7 +357,7 @@ async fn switching_from_one_queue_to_partitions_drains_the_old_queue_first() {
         assert!(Instant::now() < deadline, "the old bridge did not consume");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut new = ChildBridge::start(&partitioned);
+    let mut new = Logged::start(&partitioned);
     // The new bridge unbinds the old queue: from then on commands go to the partitions.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -311,7 +365,10 @@ async fn switching_from_one_queue_to_partitions_drains_the_old_queue_first() {
         if queue_state(&broker, &k0).await.is_some() {
             break;
         }
-        assert!(Instant::now() < deadline, "the partitions were not declared");
+        assert!(
+            Instant::now() < deadline,
+            "the partitions were not declared"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     jobs.publish(&broker, 200..400).await;
@@ -323,8 +380,10 @@ async fn switching_from_one_queue_to_partitions_drains_the_old_queue_first() {
         let queue = redisched::amqp::partition_queue(&single.amqp, k);
         let (depth, consumers) = queue_state(&broker, &queue).await.expect("partition");
         assert_eq!(
-            consumers, 0,
-            "{queue} consumed before the old queue was drained"
+            consumers,
+            0,
+            "{queue} consumed before the old queue was drained; the new bridge's log:\n{}",
+            new.log_text()
         );
         waiting += depth;
     }
@@ -362,8 +421,12 @@ async fn switching_from_partitions_to_one_queue_drains_the_partitions_first() {
     let mut ready = broker.consume_ready("#").await;
     let mut invalid = broker.consume_invalid().await;
     let jobs = Sequences::new("pb", 400);
+    // A partitioned bridge ran (its ingest records the partition count in Redis) ...
+    let mut before = start_bridges(&partitioned, 1).await;
+    before.remove(0).terminate();
+    // ... and left commands in the partitions when it stopped.
     jobs.publish(&broker, 0..200).await;
-    let mut bridge = ChildBridge::start(&single);
+    let mut bridge = Logged::start(&single);
     jobs.publish(&broker, 200..400).await;
     jobs.verify(&mut ready, &mut invalid, Duration::from_secs(90))
         .await;
@@ -454,7 +517,11 @@ async fn commands_without_message_id_land_in_one_partition_and_are_applied_in_or
     }
     for (i, id) in ids.iter().enumerate() {
         if i % 2 == 0 {
-            assert_eq!(got.get(id), Some(id), "{id} not delivered with its last body");
+            assert_eq!(
+                got.get(id),
+                Some(id),
+                "{id} not delivered with its last body"
+            );
         } else {
             assert!(!got.contains_key(id), "{id} delivered after its delete");
         }

@@ -324,7 +324,10 @@ pub fn partition_queue(config: &AmqpConfig, k: u16) -> String {
 /// Ready messages and consumers of `queue`, or `None` if it does not exist (a passive
 /// declare on a channel of its own: the broker closes a channel that names a missing
 /// queue).
-pub async fn queue_state(connection: &Connection, queue: &str) -> lapin::Result<Option<(u32, u32)>> {
+pub async fn queue_state(
+    connection: &Connection,
+    queue: &str,
+) -> lapin::Result<Option<(u32, u32)>> {
     let channel = connection.create_channel().await?;
     let passive = QueueDeclareOptions {
         passive: true,
@@ -345,10 +348,16 @@ pub async fn queue_state(connection: &Connection, queue: &str) -> lapin::Result<
 
 /// How many command partition queues `<commands_queue>.0`, `.1`, ... exist, counting
 /// up to the first missing one.
-pub async fn existing_partitions(connection: &Connection, config: &AmqpConfig) -> lapin::Result<u16> {
+pub async fn existing_partitions(
+    connection: &Connection,
+    config: &AmqpConfig,
+) -> lapin::Result<u16> {
     let mut k = 0u16;
     while k < crate::config::MAX_COMMAND_PARTITIONS {
-        if queue_state(connection, &partition_queue(config, k)).await?.is_none() {
+        if queue_state(connection, &partition_queue(config, k))
+            .await?
+            .is_none()
+        {
             break;
         }
         k += 1;
@@ -358,7 +367,11 @@ pub async fn existing_partitions(connection: &Connection, config: &AmqpConfig) -
 
 /// Stops new commands from reaching `old` (the one commands queue when partitioned, or
 /// the consistent-hash exchange when not), on a channel of its own.
-pub async fn unbind_commands(connection: &Connection, config: &AmqpConfig, partitioned_before: bool) -> lapin::Result<()> {
+pub async fn unbind_commands(
+    connection: &Connection,
+    config: &AmqpConfig,
+    partitioned_before: bool,
+) -> lapin::Result<()> {
     let channel = connection.create_channel().await?;
     if partitioned_before {
         channel
@@ -386,33 +399,25 @@ pub async fn unbind_commands(connection: &Connection, config: &AmqpConfig, parti
     Ok(())
 }
 
-/// Deletes `queue` if it is empty and nobody consumes it (the broker checks both in one
-/// step). `true`: it is gone (deleted now, or already); `false`: it still holds or serves
-/// commands.
-pub async fn delete_if_drained(connection: &Connection, queue: &str) -> lapin::Result<bool> {
+/// Deletes `queue` (a drained queue of a previous topology; quorum queues refuse the
+/// `if-empty` and `if-unused` conditions, so the caller checks them first).
+pub async fn delete_queue(connection: &Connection, queue: &str) -> lapin::Result<()> {
     let channel = connection.create_channel().await?;
-    let options = QueueDeleteOptions {
-        if_unused: true,
-        if_empty: true,
-        ..QueueDeleteOptions::default()
-    };
-    match channel.queue_delete(queue.into(), options).await {
+    match channel
+        .queue_delete(queue.into(), QueueDeleteOptions::default())
+        .await
+    {
         Ok(_) => {
             close_quietly("delete channel", channel.close(200, "deleted".into())).await;
-            Ok(true)
+            Ok(())
         }
-        Err(err) if is_not_found(&err) => Ok(true),
-        Err(err) if is_precondition_failed(&err) => Ok(false),
+        Err(err) if is_not_found(&err) => Ok(()),
         Err(err) => Err(err),
     }
 }
 
 fn is_not_found(err: &lapin::Error) -> bool {
     channel_error(err, lapin::protocol::AMQPSoftError::NOTFOUND)
-}
-
-fn is_precondition_failed(err: &lapin::Error) -> bool {
-    channel_error(err, lapin::protocol::AMQPSoftError::PRECONDITIONFAILED)
 }
 
 fn channel_error(err: &lapin::Error, wanted: lapin::protocol::AMQPSoftError) -> bool {

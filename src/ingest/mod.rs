@@ -207,6 +207,7 @@ impl Ingest {
         connection: &Connection,
         shutdown: CancellationToken,
     ) -> Result<(), AmqpError> {
+        let partitions = self.config.amqp.command_partitions;
         let previous = self.previous_topology(connection).await?;
         if !previous.is_empty() {
             futures_util::future::try_join_all(
@@ -219,7 +220,13 @@ impl Ingest {
                 return Ok(());
             }
         }
-        let partitions = self.config.amqp.command_partitions;
+        // One commands queue and nothing recorded: nothing to write, as always.
+        if partitions > 1 || !previous.is_empty() {
+            self.store
+                .set_command_partitions(partitions)
+                .await
+                .map_err(store_error)?;
+        }
         if partitions <= 1 {
             let lane = Lane {
                 queue: self.config.amqp.commands_queue.clone(),
@@ -270,19 +277,23 @@ impl Ingest {
         Ok(())
     }
 
-    /// The queues of the other topology that still exist, after unbinding them from the
-    /// commands exchange (so they receive no new command): the one commands queue when
-    /// partitioned, the partitions when not. A partition beyond this configuration's
-    /// count means the count changed between two values above 1, which cannot keep a
+    /// The queues of the previous topology, after unbinding them from the commands
+    /// exchange (so they receive no new command): the one commands queue when this
+    /// bridge is partitioned, the partitions when not. The store records the count
+    /// ingest last switched to (see [`Ingest::run`]), so a bridge whose count matches it
+    /// probes nothing. A count that changed between two values above 1 cannot keep a
     /// job's order (both topologies use the same queue names): refused, go through 1.
     async fn previous_topology(&self, connection: &Connection) -> Result<Vec<Lane>, AmqpError> {
         let cfg = &self.config.amqp;
         let partitions = cfg.command_partitions;
+        let recorded = self.store.command_partitions().await.map_err(store_error)?;
+        if recorded == partitions {
+            return Ok(Vec::new());
+        }
         if partitions > 1 {
-            let beyond = amqp::partition_queue(cfg, partitions);
-            if amqp::queue_state(connection, &beyond).await?.is_some() {
+            if recorded > 1 {
                 return Err(AmqpError::Topology(format!(
-                    "amqp.command_partitions = {partitions} but queue {beyond} exists: the partition count was larger; change it through amqp.command_partitions = 1 (README, Order)"
+                    "amqp.command_partitions = {partitions} but this deployment's commands are partitioned {recorded} ways: change the count through amqp.command_partitions = 1 (README, Order)"
                 )));
             }
             if amqp::queue_state(connection, &cfg.commands_queue)
@@ -298,12 +309,8 @@ impl Ingest {
                 drain: true,
             }]);
         }
-        let existing = amqp::existing_partitions(connection, cfg).await?;
-        if existing == 0 {
-            return Ok(Vec::new());
-        }
         amqp::unbind_commands(connection, cfg, true).await?;
-        Ok((0..existing)
+        Ok((0..recorded)
             .map(|k| Lane {
                 queue: amqp::partition_queue(cfg, k),
                 store: self.store.for_partition(k),
@@ -313,10 +320,12 @@ impl Ingest {
     }
 
     /// Drains a queue of the previous topology: consumes it (a lane that ends once idle)
-    /// while it holds commands nobody consumes, and deletes it once it is empty and
-    /// unused (one step on the broker), so every command it held was applied and acked
-    /// before this bridge consumes the new topology. While another bridge still consumes
-    /// it (one configured the old way), it waits.
+    /// while it holds commands nobody consumes, and deletes it once two looks
+    /// [`DRAIN_POLL`] apart found it with no ready command and no consumer. A command
+    /// handed to a consumer and not yet acked keeps that consumer in the queue (and goes
+    /// back to ready if the consumer goes), so then every command it held was applied
+    /// and acked before this bridge consumes the new topology. While another bridge
+    /// still consumes it (one configured the old way), it waits.
     async fn drain(
         &self,
         connection: &Connection,
@@ -324,24 +333,31 @@ impl Ingest {
         lane: &Lane,
     ) -> Result<(), AmqpError> {
         let mut waiting_logged = false;
+        let mut empty_looks = 0;
         while !shutdown.is_cancelled() {
-            let Some((ready, consumers)) = amqp::queue_state(connection, &lane.queue).await?
-            else {
+            let Some((ready, consumers)) = amqp::queue_state(connection, &lane.queue).await? else {
                 return Ok(());
             };
-            if ready > 0 && consumers == 0 {
+            if consumers == 0 && ready > 0 {
+                empty_looks = 0;
                 tracing::info!(queue = %lane.queue, ready, "applying the commands left in the previous topology's queue before consuming the new one");
                 self.run_lane(connection, shutdown, lane).await?;
                 continue;
             }
-            if ready == 0 && amqp::delete_if_drained(connection, &lane.queue).await? {
-                tracing::info!(queue = %lane.queue, "the previous topology's commands queue is drained; deleted it");
-                return Ok(());
-            }
-            if !waiting_logged {
-                tracing::warn!(queue = %lane.queue, ready, consumers, partitions = self.config.amqp.command_partitions,
-                    "amqp.command_partitions changed: waiting for the previous topology's commands queue to drain (a bridge still consumes it, or holds commands of it unacked) before consuming the new one; new commands wait in the new queues meanwhile");
-                waiting_logged = true;
+            if consumers == 0 && ready == 0 {
+                empty_looks += 1;
+                if empty_looks >= 2 {
+                    amqp::delete_queue(connection, &lane.queue).await?;
+                    tracing::info!(queue = %lane.queue, "the previous topology's commands queue is drained; deleted it");
+                    return Ok(());
+                }
+            } else {
+                empty_looks = 0;
+                if !waiting_logged {
+                    tracing::warn!(queue = %lane.queue, ready, partitions = self.config.amqp.command_partitions,
+                        "amqp.command_partitions changed: waiting for the previous topology's commands queue to drain (another bridge still consumes it) before consuming the new one; new commands wait in the new queues meanwhile");
+                    waiting_logged = true;
+                }
             }
             tokio::select! {
                 _ = shutdown.cancelled() => {}
@@ -456,7 +472,13 @@ impl Ingest {
                 if named.iter().any(|earlier| earlier.conflicts(&jobs)) {
                     held = Some((batch, jobs));
                 } else {
-                    in_flight.push_back(self.apply_batch(&lane.store, &channel, batch, &epoch, &shutdown));
+                    in_flight.push_back(self.apply_batch(
+                        &lane.store,
+                        &channel,
+                        batch,
+                        &epoch,
+                        &shutdown,
+                    ));
                     named.push_back(jobs);
                 }
             }
@@ -973,6 +995,14 @@ impl Ingest {
             )
             .await?)
     }
+}
+
+/// A store call ingest needs before it consumes (the recorded partition count) failed:
+/// the session ends and is started again after the usual backoff.
+fn store_error(err: StoreError) -> AmqpError {
+    AmqpError::Topology(format!(
+        "cannot read or record the command partition count in Redis: {err}"
+    ))
 }
 
 /// The first command of a batch refused because a newer ingest epoch wrote its topic.

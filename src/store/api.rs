@@ -65,6 +65,31 @@ impl Store {
         redis::from_redis_value(value).map_err(|e| StoreError::bad_reply("redis", e.to_string()))
     }
 
+    /// The command partition count the deployment's ingest last switched to, 1 if it
+    /// never did (one commands queue): what tells a starting bridge that the broker holds
+    /// another topology's commands queues to drain before its own.
+    pub async fn command_partitions(&self) -> Result<u16, StoreError> {
+        let mut get = redis::cmd("GET");
+        get.arg(self.keys.command_partitions());
+        let value: Option<u16> = self.exec.query(&get).await?;
+        Ok(value.unwrap_or(1))
+    }
+
+    /// Records the partition count ingest switched to (1 deletes the record).
+    pub async fn set_command_partitions(&self, partitions: u16) -> Result<(), StoreError> {
+        let call = if partitions > 1 {
+            let mut set = redis::cmd("SET");
+            set.arg(self.keys.command_partitions()).arg(partitions);
+            set
+        } else {
+            let mut del = redis::cmd("DEL");
+            del.arg(self.keys.command_partitions());
+            del
+        };
+        let _: Value = self.exec.query(&call).await?;
+        Ok(())
+    }
+
     /// With durability set, fails with [`StoreError::NotReplicated`] when the replicas
     /// fall short (everything was applied all the same).
     async fn apply_any<C: StoreCommand>(

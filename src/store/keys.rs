@@ -13,6 +13,7 @@
 //! <prefix>:{<topic>}:fence      STRING highest ingest epoch that wrote the topic (one commands queue)
 //! <prefix>:{<topic>}:fence:<k>  STRING the same, per command partition k (amqp.command_partitions > 1)
 //! <prefix>:topics               SET   known topics (own slot; never touched by scripts)
+//! <prefix>:command-partitions   STRING the partition count ingest last switched to (absent: one commands queue)
 //! <prefix>:notify               Pub/Sub channel: '<due_at>|<topic>' when a topic's head moves earlier
 //! ```
 
@@ -86,7 +87,12 @@ impl KeySpace {
     /// wrote it), for fenced puts and deletes.
     pub fn fenced(&self, topic: &Topic) -> Vec<String> {
         let mut keys = self.all(topic).to_vec();
-        keys.push(format!("{}:{{{}}}:{}", self.prefix, topic.as_str(), self.fence));
+        keys.push(format!(
+            "{}:{{{}}}:{}",
+            self.prefix,
+            topic.as_str(),
+            self.fence
+        ));
         keys
     }
 
@@ -101,6 +107,12 @@ impl KeySpace {
     /// The counter ingest sessions take their epochs from (its own slot).
     pub fn ingest_epoch(&self) -> String {
         format!("{}:ingest-epoch", self.prefix)
+    }
+
+    /// The command partition count the deployment's ingest last switched to (absent:
+    /// one commands queue); own slot, never touched by a script.
+    pub fn command_partitions(&self) -> String {
+        format!("{}:command-partitions", self.prefix)
     }
 
     /// Where `check.lua` sets aside what it cannot repair; same hash tag as the

@@ -280,7 +280,9 @@ impl Broker {
         let a = &self.config.amqp;
         let mut queues = vec![a.commands_queue.clone(), a.invalid_queue.clone()];
         // Command partitions of this or an earlier configuration of the test.
-        queues.extend((0..a.command_partitions.max(16)).map(|k| redisched::amqp::partition_queue(a, k)));
+        queues.extend(
+            (0..a.command_partitions.max(16)).map(|k| redisched::amqp::partition_queue(a, k)),
+        );
         for queue in &queues {
             let _ = self
                 .channel
@@ -288,7 +290,12 @@ impl Broker {
                 .await;
         }
         let hash = redisched::amqp::hash_exchange(a);
-        for exchange in [&a.commands_exchange, &a.invalid_exchange, &a.ready_exchange, &hash] {
+        for exchange in [
+            &a.commands_exchange,
+            &a.invalid_exchange,
+            &a.ready_exchange,
+            &hash,
+        ] {
             let _ = self
                 .channel
                 .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
