@@ -80,6 +80,19 @@ impl Logged {
         }
     }
 
+    /// Waits until the bridge's log contains `needle`.
+    async fn await_log(&self, needle: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !self.log_text().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "the bridge did not log {needle:?} within {within:?}; its log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -243,6 +256,16 @@ async fn three_bridges_over_eight_partitions_apply_each_jobs_commands_in_order()
     let mut ready = broker.consume_ready("#").await;
     let mut invalid = broker.consume_invalid().await;
     let mut bridges = start_bridges(&config, 3).await;
+    // The partitions are shared out among the three (each bridge announces itself in
+    // Redis; a partition held by a bridge it is not shared out to is handed over).
+    for bridge in &bridges {
+        bridge
+            .await_log(
+                "command partitions shared out anew bridges=3",
+                Duration::from_secs(30),
+            )
+            .await;
+    }
 
     let jobs = Sequences::new("p3", 600);
     for chunk in 0..6 {
@@ -257,6 +280,20 @@ async fn three_bridges_over_eight_partitions_apply_each_jobs_commands_in_order()
             .expect("partition exists");
         assert_eq!(depth, 0, "{queue} still holds commands");
     }
+    // The commands were applied by more than one bridge: the partitions spread.
+    let active: Vec<usize> = bridges
+        .iter()
+        .map(|b| {
+            b.log_text()
+                .matches("active consumer of this command partition")
+                .count()
+        })
+        .collect();
+    eprintln!("partitions each bridge became the active consumer of: {active:?}");
+    assert!(
+        active.iter().filter(|n| **n > 0).count() >= 2,
+        "one bridge applied every partition: {active:?}"
+    );
     for bridge in &mut bridges {
         bridge.terminate();
     }
@@ -270,14 +307,14 @@ async fn a_bridge_killed_while_holding_partitions_loses_and_reorders_nothing() {
     let mut ready = broker.consume_ready("#").await;
     let mut invalid = broker.consume_invalid().await;
     // The first bridge up takes every partition (it is each one's first consumer);
-    // the two after it wait.
+    // the two after it take their shares over from it.
     let mut first = start_bridges(&config, 1).await.remove(0);
     let mut others = start_bridges(&config, 2).await;
 
     let jobs = Sequences::new("pk", 600);
     jobs.publish(&broker, 0..200).await;
-    // SIGKILL while it holds all eight partitions with commands in flight: its
-    // unacked batches go back and are applied again, in order, by the next bridge.
+    // SIGKILL while it holds its partitions with commands in flight: its unacked
+    // batches go back and are applied again, in order, by the next bridge.
     let publishing = jobs.publish(&broker, 200..400);
     let kill = async {
         tokio::time::sleep(Duration::from_millis(300)).await;

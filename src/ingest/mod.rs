@@ -96,6 +96,70 @@ struct Lane {
     queue: String,
     store: Store,
     drain: bool,
+    /// A command partition's lane: its number, and which partitions are this bridge's
+    /// share (see [`Ingest::share_out`]).
+    share: Option<(u16, tokio::sync::watch::Receiver<Vec<bool>>)>,
+    /// Its last session ended handing the partition over: the next one hands it over
+    /// again only once it is active (got a delivery), not merely idle, so a waiting
+    /// consumer does not keep reopening its channel.
+    handed_over: std::sync::atomic::AtomicBool,
+}
+
+impl Lane {
+    /// Whether this lane's partition is another bridge's share: then, once it is the
+    /// partition's active consumer, it hands the partition over (see [`HANDOVER_QUIET`]).
+    fn shared_to_another(&self) -> bool {
+        self.share
+            .as_ref()
+            .is_some_and(|(k, owned)| !owned.borrow().get(usize::from(*k)).copied().unwrap_or(true))
+    }
+}
+
+/// How long an ingest announcement lives, and how often each bridge renews it.
+const MEMBER_TTL_MS: u64 = 5_000;
+const MEMBER_REFRESH: Duration = Duration::from_secs(1);
+
+/// A lane that is the active consumer of a partition shared out to another bridge hands
+/// it over (closes its channel and consumes again, behind the other consumers) once it
+/// has nothing in hand and nothing arrived for this long: then no prefetched command goes
+/// back with it, so no command's delivery count grows. ...
+const HANDOVER_QUIET: Duration = Duration::from_millis(200);
+/// ... and if the partition is never that quiet, after this long: it stops taking
+/// deliveries, finishes the batches in hand, and closes; the commands prefetched then
+/// go back to the queue (one delivery more each, towards `amqp.delivery_limit`).
+const HANDOVER_FORCE: Duration = Duration::from_secs(10);
+
+/// This process's name among the ingest members: pid and start time.
+fn member_name() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{}-{:x}", std::process::id(), nanos)
+}
+
+/// Which of the partitions are `me`'s share among `members`: each goes to the member
+/// with the highest hash of (member, partition). A stable hash (FNV-1a, then a
+/// finaliser), so every bridge, whatever its build, computes the same shares.
+fn shared_out(members: &[String], me: &str, partitions: u16) -> Vec<bool> {
+    fn score(member: &str, k: u16) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in member.bytes().chain(k.to_le_bytes()) {
+            h ^= u64::from(byte);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h
+    }
+    (0..partitions)
+        .map(|k| {
+            members
+                .iter()
+                .max_by_key(|m| (score(m, k), m.as_str()))
+                .is_none_or(|owner| owner == me)
+        })
+        .collect()
 }
 
 /// Batches sent to Redis before the first of them came back: the next batch is applied
@@ -232,30 +296,74 @@ impl Ingest {
                 queue: self.config.amqp.commands_queue.clone(),
                 store: self.store.clone(),
                 drain: false,
+                share: None,
+                handed_over: Default::default(),
             };
             return self.run_lane(connection, &shutdown, &lane).await;
         }
-        // Bridges started together should not all ask for partition 0 first: each starts
-        // at its own offset, so the first consumer of each partition (the active one)
-        // tends to differ.
-        let offset = (std::process::id() % u32::from(partitions)) as u16;
+        // The partitions are shared out among the bridges announced in the store
+        // (rendezvous hashing: each partition to the member whose hash with it is
+        // highest, so a bridge joining or leaving moves only its own share). Until the
+        // first announcement this bridge counts as owning every partition.
+        let member = member_name();
+        let (owned_tx, owned) = tokio::sync::watch::channel(vec![true; usize::from(partitions)]);
         let lanes: Vec<Lane> = (0..partitions)
-            .map(|i| {
-                let k = (i + offset) % partitions;
-                Lane {
-                    queue: amqp::partition_queue(&self.config.amqp, k),
-                    store: self.store.for_partition(k),
-                    drain: false,
-                }
+            .map(|k| Lane {
+                queue: amqp::partition_queue(&self.config.amqp, k),
+                store: self.store.for_partition(k),
+                drain: false,
+                share: Some((k, owned.clone())),
+                handed_over: Default::default(),
             })
             .collect();
-        futures_util::future::try_join_all(
+        let consuming = futures_util::future::try_join_all(
             lanes
                 .iter()
                 .map(|lane| self.run_partition(connection, &shutdown, lane)),
-        )
-        .await?;
-        Ok(())
+        );
+        let result = tokio::select! {
+            result = consuming => result.map(|_| ()),
+            () = self.share_out(&member, partitions, owned_tx) => Ok(()),
+        };
+        // Best effort: the others take this bridge's share at once, not when it expires.
+        let _ =
+            tokio::time::timeout(Duration::from_secs(1), self.store.leave_ingest(&member)).await;
+        result
+    }
+
+    /// Announces this bridge's ingest every [`MEMBER_REFRESH`] and publishes which
+    /// partitions are its share among the members announced; runs until dropped.
+    async fn share_out(
+        &self,
+        member: &str,
+        partitions: u16,
+        owned: tokio::sync::watch::Sender<Vec<bool>>,
+    ) {
+        loop {
+            match self.store.ingest_members(member, MEMBER_TTL_MS).await {
+                Ok(members) => {
+                    let share = shared_out(&members, member, partitions);
+                    owned.send_if_modified(|current| {
+                        if *current == share {
+                            return false;
+                        }
+                        let mine = share.iter().filter(|o| **o).count();
+                        tracing::info!(
+                            bridges = members.len(),
+                            partitions,
+                            mine,
+                            "command partitions shared out anew"
+                        );
+                        *current = share;
+                        true
+                    });
+                }
+                Err(err) => {
+                    tracing::debug!(error = %err, "could not announce this bridge's ingest; the partitions stay shared out as they were");
+                }
+            }
+            tokio::time::sleep(MEMBER_REFRESH).await;
+        }
     }
 
     /// One partition's lane until shutdown: a session that ended without an error (it
@@ -307,6 +415,8 @@ impl Ingest {
                 queue: cfg.commands_queue.clone(),
                 store: self.store.clone(),
                 drain: true,
+                share: None,
+                handed_over: Default::default(),
             }]);
         }
         amqp::unbind_commands(connection, cfg, true).await?;
@@ -315,6 +425,8 @@ impl Ingest {
                 queue: amqp::partition_queue(cfg, k),
                 store: self.store.for_partition(k),
                 drain: true,
+                share: None,
+                handed_over: Default::default(),
             })
             .collect())
     }
@@ -462,6 +574,14 @@ impl Ingest {
         // A `delete-prefix` met while a batch was being filled: it starts the next one.
         let mut stashed: Option<Delivery> = None;
         let mut draining = false;
+        // A partition's lane: whether it became the active consumer (a delivery came),
+        // since when its partition is another bridge's share, when the last delivery came.
+        let mut active = false;
+        let mut shared_away_since: Option<Instant> = None;
+        let mut last_delivery = Instant::now();
+        let mut handing_over = false;
+        // Wakes the loop when the partitions are shared out anew.
+        let mut share = lane.share.as_ref().map(|(_, owned)| owned.clone());
         loop {
             if held.is_none() {
                 if let Some(barrier) = stashed.take() {
@@ -490,7 +610,37 @@ impl Ingest {
                 recovered = true;
                 break;
             }
+            let shared_away = lane.shared_to_another();
+            if !shared_away {
+                lane.handed_over
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+            }
+            // Not known to be active (no delivery yet) but idle: handing over costs
+            // nothing, and makes way for the owner if this lane was the active one.
+            let hand_over = shared_away
+                && !careful
+                && !draining
+                && (active || !lane.handed_over.load(std::sync::atomic::Ordering::Relaxed));
+            if hand_over {
+                let since = *shared_away_since.get_or_insert_with(Instant::now);
+                handing_over |= since.elapsed() >= HANDOVER_FORCE;
+                if idle
+                    && stashed.is_none()
+                    && (handing_over || last_delivery.elapsed() >= HANDOVER_QUIET)
+                {
+                    if active {
+                        tracing::info!(queue = %lane.queue, forced = handing_over, "handing this command partition over to the bridge it is shared out to");
+                    }
+                    lane.handed_over
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    break;
+                }
+            } else {
+                shared_away_since = None;
+                handing_over = false;
+            }
             let can_take = !draining
+                && !handing_over
                 && held.is_none()
                 && stashed.is_none()
                 && in_flight.len() < BATCHES_IN_FLIGHT;
@@ -521,6 +671,11 @@ impl Ingest {
                         None => return Err(AmqpError::Broker(lapin::ErrorKind::InvalidChannelState(
                             lapin::ChannelState::Closed, "consumer cancelled by the broker").into())),
                     };
+                    last_delivery = Instant::now();
+                    if !active && lane.share.is_some() {
+                        tracing::info!(queue = %lane.queue, "active consumer of this command partition");
+                    }
+                    active = true;
                     if decode::is_prefix_delete(&first.properties) {
                         held = Some((vec![first], Named::barrier()));
                         continue;
@@ -551,6 +706,14 @@ impl Ingest {
                 // nothing in hand, so it is empty (or another bridge is its active
                 // consumer); [`Ingest::drain`] looks again.
                 _ = tokio::time::sleep(DRAIN_IDLE), if lane.drain && !careful && idle && !draining => break,
+                // Shared out to another bridge: look again once it may be quiet enough.
+                _ = tokio::time::sleep(HANDOVER_QUIET), if hand_over && idle => {}
+                Ok(()) = async {
+                    match share.as_mut() {
+                        Some(owned) => owned.changed().await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
             }
         }
         // Best effort and bounded: the connection may already be gone or hung, and
@@ -1021,5 +1184,45 @@ fn outcome_name(outcome: &Outcome) -> &'static str {
         Outcome::PrefixDeleted(0) => "not_found",
         Outcome::PrefixDeleted(_) => "deleted",
         Outcome::Invalid(_) => "invalid",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shared_out;
+
+    fn owners(members: &[String], partitions: u16) -> Vec<usize> {
+        (0..partitions)
+            .map(|k| {
+                let owning: Vec<usize> = members
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| shared_out(members, m, partitions)[usize::from(k)])
+                    .map(|(i, _)| i)
+                    .collect();
+                assert_eq!(owning.len(), 1, "partition {k} owned by {owning:?}");
+                owning[0]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_partition_has_exactly_one_owner_and_a_new_member_takes_only_its_share() {
+        let members: Vec<String> = (0..3).map(|i| format!("bridge-{i}")).collect();
+        let before = owners(&members, 64);
+        for i in 0..3 {
+            let share = before.iter().filter(|o| **o == i).count();
+            assert!((8..=40).contains(&share), "bridge {i} owns {share} of 64");
+        }
+        let mut more = members.clone();
+        more.push("bridge-3".into());
+        let after = owners(&more, 64);
+        for (k, (b, a)) in before.iter().zip(&after).enumerate() {
+            assert!(a == b || *a == 3, "partition {k} moved from {b} to {a}");
+        }
+        assert!(after.iter().any(|a| *a == 3), "the new member got nothing");
+        // A member alone owns everything; no member: everything counts as one's own.
+        assert!(shared_out(&members[..1], &members[0], 8).iter().all(|o| *o));
+        assert!(shared_out(&[], "anyone", 8).iter().all(|o| *o));
     }
 }

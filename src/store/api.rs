@@ -75,6 +75,40 @@ impl Store {
         Ok(value.unwrap_or(1))
     }
 
+    /// Announces the ingest `member` for `ttl_ms` (Redis clock) and returns every member
+    /// whose announcement has not expired, sorted: the bridges consuming command
+    /// partitions, among which the partitions are shared out.
+    pub async fn ingest_members(
+        &self,
+        member: &str,
+        ttl_ms: u64,
+    ) -> Result<Vec<String>, StoreError> {
+        let now = self.server_time().await?;
+        let key = self.keys.ingest_members();
+        let mut add = redis::cmd("ZADD");
+        add.arg(&key)
+            .arg(now.saturating_add(i64::try_from(ttl_ms).unwrap_or(i64::MAX)))
+            .arg(member);
+        let _: Value = self.exec.query(&add).await?;
+        let mut prune = redis::cmd("ZREMRANGEBYSCORE");
+        prune.arg(&key).arg("-inf").arg(now);
+        let _: Value = self.exec.query(&prune).await?;
+        let mut range = redis::cmd("ZRANGE");
+        range.arg(&key).arg(0).arg(-1);
+        let mut members: Vec<String> = self.exec.query(&range).await?;
+        members.sort();
+        Ok(members)
+    }
+
+    /// Withdraws the ingest `member`'s announcement (on shutdown), so the others take
+    /// its partitions over at once instead of when it expires.
+    pub async fn leave_ingest(&self, member: &str) -> Result<(), StoreError> {
+        let mut rem = redis::cmd("ZREM");
+        rem.arg(self.keys.ingest_members()).arg(member);
+        let _: Value = self.exec.query(&rem).await?;
+        Ok(())
+    }
+
     /// Records the partition count ingest switched to (1 deletes the record).
     pub async fn set_command_partitions(&self, partitions: u16) -> Result<(), StoreError> {
         let call = if partitions > 1 {

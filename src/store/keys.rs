@@ -14,6 +14,7 @@
 //! <prefix>:{<topic>}:fence:<k>  STRING the same, per command partition k (amqp.command_partitions > 1)
 //! <prefix>:topics               SET   known topics (own slot; never touched by scripts)
 //! <prefix>:command-partitions   STRING the partition count ingest last switched to (absent: one commands queue)
+//! <prefix>:ingest-members       ZSET  bridges consuming command partitions -> announcement expiry, epoch ms
 //! <prefix>:notify               Pub/Sub channel: '<due_at>|<topic>' when a topic's head moves earlier
 //! ```
 
@@ -107,6 +108,12 @@ impl KeySpace {
     /// The counter ingest sessions take their epochs from (its own slot).
     pub fn ingest_epoch(&self) -> String {
         format!("{}:ingest-epoch", self.prefix)
+    }
+
+    /// The bridges whose ingest consumes command partitions: member -> expiry (epoch ms,
+    /// Redis clock); own slot, never touched by a script.
+    pub fn ingest_members(&self) -> String {
+        format!("{}:ingest-members", self.prefix)
     }
 
     /// The command partition count the deployment's ingest last switched to (absent:
