@@ -306,13 +306,31 @@ async fn a_bridge_killed_while_holding_partitions_loses_and_reorders_nothing() {
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
     let mut invalid = broker.consume_invalid().await;
-    // The first bridge up takes every partition (it is each one's first consumer);
-    // the two after it take their shares over from it.
-    let mut first = start_bridges(&config, 1).await.remove(0);
-    let mut others = start_bridges(&config, 2).await;
+    let mut bridges = start_bridges(&config, 3).await;
+    for bridge in &bridges {
+        bridge
+            .await_log(
+                "command partitions shared out anew bridges=3",
+                Duration::from_secs(30),
+            )
+            .await;
+    }
 
     let jobs = Sequences::new("pk", 600);
     jobs.publish(&broker, 0..200).await;
+    // The bridge holding the most partitions now (taken minus handed over).
+    let held = |b: &Logged| {
+        let text = b.log_text();
+        text.matches("active consumer of this command partition")
+            .count()
+            .saturating_sub(text.matches("handing this command partition over").count())
+    };
+    let victim = (0..bridges.len())
+        .max_by_key(|i| held(&bridges[*i]))
+        .unwrap_or(0);
+    assert!(held(&bridges[victim]) > 0, "no bridge holds a partition");
+    let mut first = bridges.remove(victim);
+    let mut others = bridges;
     // SIGKILL while it holds its partitions with commands in flight: its unacked
     // batches go back and are applied again, in order, by the next bridge.
     let publishing = jobs.publish(&broker, 200..400);
