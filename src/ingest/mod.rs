@@ -339,21 +339,25 @@ impl Ingest {
         partitions: u16,
         owned: tokio::sync::watch::Sender<Vec<bool>>,
     ) {
+        let mut bridges = 0;
         loop {
             match self.store.ingest_members(member, MEMBER_TTL_MS).await {
                 Ok(members) => {
                     let share = shared_out(&members, member, partitions);
-                    owned.send_if_modified(|current| {
-                        if *current == share {
-                            return false;
-                        }
+                    if members.len() != bridges || *owned.borrow() != share {
+                        bridges = members.len();
                         let mine = share.iter().filter(|o| **o).count();
                         tracing::info!(
-                            bridges = members.len(),
+                            bridges,
                             partitions,
                             mine,
                             "command partitions shared out anew"
                         );
+                    }
+                    owned.send_if_modified(|current| {
+                        if *current == share {
+                            return false;
+                        }
                         *current = share;
                         true
                     });
