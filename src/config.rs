@@ -898,6 +898,24 @@ mod tests {
     }
 
     #[test]
+    fn command_partitions_are_1_to_256_and_need_a_single_active_consumer() {
+        for bad in [0, MAX_COMMAND_PARTITIONS + 1] {
+            let mut config = Config::default();
+            config.amqp.command_partitions = bad;
+            let err = config.validate().expect_err("refused");
+            assert!(err.to_string().contains("amqp.command_partitions"), "{err}");
+        }
+        let mut config = Config::default();
+        config.amqp.command_partitions = 8;
+        assert!(config.validate().is_ok());
+        config.amqp.single_active_consumer = false;
+        let err = config.validate().expect_err("refused");
+        assert!(err.to_string().contains("single_active_consumer"), "{err}");
+        config.amqp.command_partitions = 1;
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
     fn public_listen_without_token_is_refused() {
         let mut config = Config::default();
         config.http.listen = "0.0.0.0:7171".into();
