@@ -80,6 +80,10 @@ pub const MAX_HTTP_CONNECTIONS: usize = 1_000_000;
 /// `redis.wait_replicas` above this is a mistake, not a deployment: ingest would stall.
 pub const MAX_WAIT_REPLICAS: u32 = 16;
 
+/// `amqp.command_partitions` above this is a mistake: every bridge holds a channel and
+/// a consumer per partition.
+pub const MAX_COMMAND_PARTITIONS: u16 = 256;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AmqpConfig {
@@ -102,6 +106,12 @@ pub struct AmqpConfig {
     /// Deliveries of one command before the broker sets it aside to the invalid
     /// exchange (quorum queues only; 0 = unlimited).
     pub delivery_limit: u32,
+    /// Command partitions: 1 (the default) is one commands queue; N > 1 hashes each
+    /// command's `message_id` onto N queues `<commands_queue>.<k>` through a
+    /// consistent-hash exchange (the broker's `rabbitmq_consistent_hash_exchange`
+    /// plugin), each single-active-consumer: commands on one job still apply in publish
+    /// order, and the partitions spread over the bridges (README, *Order*).
+    pub command_partitions: u16,
     pub heartbeat_secs: u16,
     /// Backoff between reconnect attempts, doubling up to the max.
     pub reconnect_min_ms: u64,
@@ -221,6 +231,7 @@ impl Default for AmqpConfig {
             single_active_consumer: true,
             quorum_queues: true,
             delivery_limit: 5,
+            command_partitions: 1,
             heartbeat_secs: 10,
             reconnect_min_ms: 200,
             reconnect_max_ms: 10_000,
@@ -427,6 +438,18 @@ impl Config {
             if name.is_empty() || name.len() > 255 {
                 return Err(invalid(key, "must be 1..255 bytes"));
             }
+        }
+        if !(1..=MAX_COMMAND_PARTITIONS).contains(&self.amqp.command_partitions) {
+            return Err(invalid(
+                "amqp.command_partitions",
+                format!("must be 1..={MAX_COMMAND_PARTITIONS} (1 = one commands queue)"),
+            ));
+        }
+        if self.amqp.command_partitions > 1 && !self.amqp.single_active_consumer {
+            return Err(invalid(
+                "amqp.command_partitions",
+                "partitions keep a job's commands in order only with amqp.single_active_consumer = true",
+            ));
         }
         if self.amqp.reconnect_min_ms == 0
             || self.amqp.reconnect_max_ms < self.amqp.reconnect_min_ms
@@ -913,6 +936,24 @@ mod tests {
         let err = config.validate().expect_err("refused");
         assert!(err.to_string().contains("amqp.heartbeat_secs"), "{err}");
         assert!(err.to_string().contains("half-open"), "{err}");
+    }
+
+    #[test]
+    fn command_partitions_are_1_to_256_and_need_a_single_active_consumer() {
+        for bad in [0, MAX_COMMAND_PARTITIONS + 1] {
+            let mut config = Config::default();
+            config.amqp.command_partitions = bad;
+            let err = config.validate().expect_err("refused");
+            assert!(err.to_string().contains("amqp.command_partitions"), "{err}");
+        }
+        let mut config = Config::default();
+        config.amqp.command_partitions = 8;
+        assert!(config.validate().is_ok());
+        config.amqp.single_active_consumer = false;
+        let err = config.validate().expect_err("refused");
+        assert!(err.to_string().contains("single_active_consumer"), "{err}");
+        config.amqp.command_partitions = 1;
+        assert!(config.validate().is_ok());
     }
 
     #[test]

@@ -7,8 +7,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use lapin::options::{
-    BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
-    QueueDeclareOptions,
+    BasicQosOptions, ConfirmSelectOptions, ExchangeBindOptions, ExchangeDeclareOptions,
+    ExchangeUnbindOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
@@ -98,6 +98,9 @@ pub enum AmqpError {
     /// The broker refused a publish the bridge must not lose (set-aside commands).
     #[error("the broker did not confirm the publish to {exchange}")]
     NotConfirmed { exchange: String },
+    /// The broker's commands topology does not fit the configuration.
+    #[error("AMQP topology: {0}")]
+    Topology(String),
 }
 
 impl AmqpError {
@@ -193,6 +196,11 @@ async fn connect_one(config: &AmqpConfig, url: &str, name: &str) -> Result<Conne
 
 /// Declares exchanges, queues and bindings (idempotent). Queue arguments must match an
 /// existing queue's, or the broker refuses with PRECONDITION_FAILED, which we report.
+///
+/// With `amqp.command_partitions` = N > 1 the commands exchange is bound (`#`) to the
+/// consistent-hash exchange [`hash_exchange`], which hashes `message_id` onto the N
+/// queues [`partition_queue`] `0..N` (each bound with weight 1, in order) instead of
+/// the one commands queue; everything else is as with one queue.
 pub async fn declare_topology(channel: &Channel, config: &AmqpConfig) -> lapin::Result<()> {
     let durable = ExchangeDeclareOptions {
         durable: true,
@@ -213,55 +221,43 @@ pub async fn declare_topology(channel: &Channel, config: &AmqpConfig) -> lapin::
             )
             .await?;
     }
-    let mut commands_args = FieldTable::default();
-    if config.single_active_consumer {
-        commands_args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
-    }
+    let commands_args = commands_queue_args(config);
     let mut invalid_args = FieldTable::default();
     let mut expired_args = FieldTable::default();
     if config.quorum_queues {
-        for args in [&mut commands_args, &mut invalid_args, &mut expired_args] {
+        for args in [&mut invalid_args, &mut expired_args] {
             args.insert("x-queue-type".into(), text("quorum"));
-        }
-        // A poison command (one the client library cannot even parse, e.g. a message_id
-        // that is not UTF-8) drops the connection before the bridge sees it; without a
-        // limit it would be redelivered forever and block every command behind it.
-        // After `delivery_limit` deliveries the broker dead-letters it, at least once,
-        // to the invalid exchange (reason in its `x-death` header).
-        if config.delivery_limit > 0 {
-            commands_args.insert(
-                "x-delivery-limit".into(),
-                AMQPValue::LongLongInt(i64::from(config.delivery_limit)),
-            );
-            commands_args.insert(
-                "x-dead-letter-exchange".into(),
-                text(&config.invalid_exchange),
-            );
-            commands_args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
-            commands_args.insert("x-overflow".into(), text("reject-publish"));
         }
     }
     let durable_queue = QueueDeclareOptions {
         durable: true,
         ..QueueDeclareOptions::default()
     };
-    for (queue, exchange, args) in [
+    let mut queues = vec![
         (
-            &config.commands_queue,
-            &config.commands_exchange,
-            commands_args,
-        ),
-        (
-            &config.invalid_queue,
-            &config.invalid_exchange,
+            config.invalid_queue.clone(),
+            config.invalid_exchange.clone(),
             invalid_args,
+            "#".to_string(),
         ),
         (
-            &config.expired_queue,
-            &config.expired_exchange,
+            config.expired_queue.clone(),
+            config.expired_exchange.clone(),
             expired_args,
+            "#".to_string(),
         ),
-    ] {
+    ];
+    if config.command_partitions > 1 {
+        queues.extend(declare_partitions(channel, config, &commands_args).await?);
+    } else {
+        queues.push((
+            config.commands_queue.clone(),
+            config.commands_exchange.clone(),
+            commands_args,
+            "#".to_string(),
+        ));
+    }
+    for (queue, exchange, args, key) in queues {
         channel
             .queue_declare(queue.as_str().into(), durable_queue, args)
             .await?;
@@ -269,13 +265,212 @@ pub async fn declare_topology(channel: &Channel, config: &AmqpConfig) -> lapin::
             .queue_bind(
                 queue.as_str().into(),
                 exchange.as_str().into(),
-                "#".into(),
+                key.as_str().into(),
                 QueueBindOptions::default(),
                 FieldTable::default(),
             )
             .await?;
     }
     Ok(())
+}
+
+/// The partitioned commands' part of the topology: the consistent-hash exchange behind
+/// the commands exchange (hashing `message_id`), and the partition queues to declare on
+/// it, each with the commands queue's arguments and weight 1.
+async fn declare_partitions(
+    channel: &Channel,
+    config: &AmqpConfig,
+    commands_args: &FieldTable,
+) -> lapin::Result<Vec<(String, String, FieldTable, String)>> {
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    let hash = hash_exchange(config);
+    let mut args = FieldTable::default();
+    args.insert("hash-property".into(), text("message_id"));
+    let declared = channel
+        .exchange_declare(
+            hash.as_str().into(),
+            ExchangeKind::Custom(HASH_EXCHANGE_TYPE.into()),
+            durable,
+            args,
+        )
+        .await;
+    if let Err(err) = declared {
+        tracing::error!(error = %err, exchange = %hash, partitions = config.command_partitions,
+            "amqp.command_partitions > 1 needs RabbitMQ's consistent-hash exchange: enable its bundled plugin with `rabbitmq-plugins enable rabbitmq_consistent_hash_exchange` (or set amqp.command_partitions = 1)");
+        return Err(err);
+    }
+    channel
+        .exchange_bind(
+            hash.as_str().into(),
+            config.commands_exchange.as_str().into(),
+            "#".into(),
+            ExchangeBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    Ok((0..config.command_partitions)
+        .map(|k| {
+            (
+                partition_queue(config, k),
+                hash.clone(),
+                commands_args.clone(),
+                "1".to_string(),
+            )
+        })
+        .collect())
+}
+
+/// The arguments of the commands queue, and of each command partition's queue.
+pub fn commands_queue_args(config: &AmqpConfig) -> FieldTable {
+    let mut args = FieldTable::default();
+    if config.single_active_consumer {
+        args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+    }
+    if config.quorum_queues {
+        args.insert("x-queue-type".into(), text("quorum"));
+        // A poison command (one the client library cannot even parse, e.g. a message_id
+        // that is not UTF-8) drops the connection before the bridge sees it; without a
+        // limit it would be redelivered forever and block every command behind it.
+        // After `delivery_limit` deliveries the broker dead-letters it, at least once,
+        // to the invalid exchange (reason in its `x-death` header).
+        if config.delivery_limit > 0 {
+            args.insert(
+                "x-delivery-limit".into(),
+                AMQPValue::LongLongInt(i64::from(config.delivery_limit)),
+            );
+            args.insert(
+                "x-dead-letter-exchange".into(),
+                text(&config.invalid_exchange),
+            );
+            args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
+            args.insert("x-overflow".into(), text("reject-publish"));
+        }
+    }
+    args
+}
+
+/// The exchange type of RabbitMQ's bundled `rabbitmq_consistent_hash_exchange` plugin.
+pub const HASH_EXCHANGE_TYPE: &str = "x-consistent-hash";
+
+/// The consistent-hash exchange between the commands exchange and the partitions.
+pub fn hash_exchange(config: &AmqpConfig) -> String {
+    format!("{}.hash", config.commands_exchange)
+}
+
+/// The queue of command partition `k`: `<commands_queue>.<k>`.
+pub fn partition_queue(config: &AmqpConfig, k: u16) -> String {
+    format!("{}.{k}", config.commands_queue)
+}
+
+/// Ready messages and consumers of `queue`, or `None` if it does not exist (a passive
+/// declare on a channel of its own: the broker closes a channel that names a missing
+/// queue).
+pub async fn queue_state(
+    connection: &Connection,
+    queue: &str,
+) -> lapin::Result<Option<(u32, u32)>> {
+    let channel = connection.create_channel().await?;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    match channel
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await
+    {
+        Ok(ok) => {
+            close_quietly("probe channel", channel.close(200, "probed".into())).await;
+            Ok(Some((ok.message_count(), ok.consumer_count())))
+        }
+        Err(err) if is_not_found(&err) => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// How many command partition queues `<commands_queue>.0`, `.1`, ... exist, counting
+/// up to the first missing one.
+pub async fn existing_partitions(
+    connection: &Connection,
+    config: &AmqpConfig,
+) -> lapin::Result<u16> {
+    let mut k = 0u16;
+    while k < crate::config::MAX_COMMAND_PARTITIONS {
+        if queue_state(connection, &partition_queue(config, k))
+            .await?
+            .is_none()
+        {
+            break;
+        }
+        k += 1;
+    }
+    Ok(k)
+}
+
+/// Stops new commands from reaching `old` (the one commands queue when partitioned, or
+/// the consistent-hash exchange when not), on a channel of its own.
+pub async fn unbind_commands(
+    connection: &Connection,
+    config: &AmqpConfig,
+    partitioned_before: bool,
+) -> lapin::Result<()> {
+    let channel = connection.create_channel().await?;
+    if partitioned_before {
+        channel
+            .exchange_unbind(
+                hash_exchange(config).as_str().into(),
+                config.commands_exchange.as_str().into(),
+                "#".into(),
+                ExchangeUnbindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .or_else(|err| if is_not_found(&err) { Ok(()) } else { Err(err) })?;
+    } else {
+        channel
+            .queue_unbind(
+                config.commands_queue.as_str().into(),
+                config.commands_exchange.as_str().into(),
+                "#".into(),
+                FieldTable::default(),
+            )
+            .await
+            .or_else(|err| if is_not_found(&err) { Ok(()) } else { Err(err) })?;
+    }
+    close_quietly("unbind channel", channel.close(200, "unbound".into())).await;
+    Ok(())
+}
+
+/// Deletes `queue` (a drained queue of a previous topology; quorum queues refuse the
+/// `if-empty` and `if-unused` conditions, so the caller checks them first).
+pub async fn delete_queue(connection: &Connection, queue: &str) -> lapin::Result<()> {
+    let channel = connection.create_channel().await?;
+    match channel
+        .queue_delete(queue.into(), QueueDeleteOptions::default())
+        .await
+    {
+        Ok(_) => {
+            close_quietly("delete channel", channel.close(200, "deleted".into())).await;
+            Ok(())
+        }
+        Err(err) if is_not_found(&err) => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+fn is_not_found(err: &lapin::Error) -> bool {
+    channel_error(err, lapin::protocol::AMQPSoftError::NOTFOUND)
+}
+
+fn channel_error(err: &lapin::Error, wanted: lapin::protocol::AMQPSoftError) -> bool {
+    match err.kind() {
+        lapin::ErrorKind::ProtocolError(e) => {
+            matches!(e.kind(), lapin::protocol::AMQPErrorKind::Soft(soft) if *soft == wanted)
+        }
+        _ => false,
+    }
 }
 
 fn text(value: &str) -> AMQPValue {

@@ -10,7 +10,11 @@
 //! <prefix>:{<topic>}:history    LIST  capped outcome log, newest first
 //! <prefix>:{<topic>}:failing    ZSET  id -> last_error_at of jobs with a recorded failure
 //! <prefix>:{<topic>}:rate       HASH  live rate limit (max_per_second, burst) and its state (tat)
+//! <prefix>:{<topic>}:fence      STRING highest ingest epoch that wrote the topic (one commands queue)
+//! <prefix>:{<topic>}:fence:<k>  STRING the same, per command partition k (amqp.command_partitions > 1)
 //! <prefix>:topics               SET   known topics (own slot; never touched by scripts)
+//! <prefix>:command-partitions   STRING the partition count ingest last switched to (absent: one commands queue)
+//! <prefix>:ingest-members       ZSET  bridges consuming command partitions -> announcement expiry, epoch ms
 //! <prefix>:notify               Pub/Sub channel: '<due_at>|<topic>' when a topic's head moves earlier
 //! ```
 
@@ -20,6 +24,10 @@ use crate::job::Topic;
 #[derive(Debug, Clone)]
 pub struct KeySpace {
     prefix: String,
+    /// The fence's name under the topic's tag: `fence`, or `fence:<k>` for the
+    /// ingest of command partition k (each partition's sessions fence one another,
+    /// never another partition's: two partitions write one topic at once).
+    fence: String,
 }
 
 /// The four keys of the version-1 script contract, in `KEYS` order.
@@ -44,7 +52,18 @@ impl KeySpace {
     pub fn new(prefix: impl Into<String>) -> Self {
         let prefix: String = prefix.into();
         debug_assert!(!prefix.contains(['{', '}']));
-        Self { prefix }
+        Self {
+            prefix,
+            fence: "fence".into(),
+        }
+    }
+
+    /// The same key space whose fenced writes use command partition `k`'s fence.
+    pub fn for_partition(&self, k: u16) -> Self {
+        Self {
+            prefix: self.prefix.clone(),
+            fence: format!("fence:{k}"),
+        }
     }
 
     pub fn topic(&self, topic: &Topic) -> TopicKeys {
@@ -69,7 +88,12 @@ impl KeySpace {
     /// wrote it), for fenced puts and deletes.
     pub fn fenced(&self, topic: &Topic) -> Vec<String> {
         let mut keys = self.all(topic).to_vec();
-        keys.push(format!("{}:{{{}}}:fence", self.prefix, topic.as_str()));
+        keys.push(format!(
+            "{}:{{{}}}:{}",
+            self.prefix,
+            topic.as_str(),
+            self.fence
+        ));
         keys
     }
 
@@ -84,6 +108,18 @@ impl KeySpace {
     /// The counter ingest sessions take their epochs from (its own slot).
     pub fn ingest_epoch(&self) -> String {
         format!("{}:ingest-epoch", self.prefix)
+    }
+
+    /// The bridges whose ingest consumes command partitions: member -> expiry (epoch ms,
+    /// Redis clock); own slot, never touched by a script.
+    pub fn ingest_members(&self) -> String {
+        format!("{}:ingest-members", self.prefix)
+    }
+
+    /// The command partition count the deployment's ingest last switched to (absent:
+    /// one commands queue); own slot, never touched by a script.
+    pub fn command_partitions(&self) -> String {
+        format!("{}:command-partitions", self.prefix)
     }
 
     /// Where `check.lua` sets aside what it cannot repair; same hash tag as the

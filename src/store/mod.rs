@@ -133,6 +133,15 @@ impl Store {
         &self.keys
     }
 
+    /// A clone (same connections) whose fenced writes use command partition `k`'s
+    /// fence key, so the ingest sessions of different partitions, writing one topic at
+    /// once, never fence each other out.
+    pub fn for_partition(&self, k: u16) -> Self {
+        let mut store = self.clone();
+        store.keys = self.keys.for_partition(k);
+        store
+    }
+
     pub fn limits(&self) -> Limits {
         self.limits
     }

@@ -278,17 +278,28 @@ impl Broker {
     /// Deletes every exchange and queue of the config, and its Redis keys.
     pub async fn cleanup(self) {
         let a = &self.config.amqp;
-        for queue in [&a.commands_queue, &a.invalid_queue, &a.expired_queue] {
+        let mut queues = vec![
+            a.commands_queue.clone(),
+            a.invalid_queue.clone(),
+            a.expired_queue.clone(),
+        ];
+        // Command partitions of this or an earlier configuration of the test.
+        queues.extend(
+            (0..a.command_partitions.max(16)).map(|k| redisched::amqp::partition_queue(a, k)),
+        );
+        for queue in &queues {
             let _ = self
                 .channel
                 .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                 .await;
         }
+        let hash = redisched::amqp::hash_exchange(a);
         for exchange in [
             &a.commands_exchange,
             &a.invalid_exchange,
             &a.expired_exchange,
             &a.ready_exchange,
+            &hash,
         ] {
             let _ = self
                 .channel
