@@ -241,6 +241,11 @@ pub struct PutArgs {
     /// The IANA time zone of --cron (default UTC)
     #[arg(long, value_name = "ZONE", requires = "cron")]
     pub tz: Option<String>,
+    /// Recurring: delay each occurrence by a deterministic amount in [0, MS) from topic,
+    /// id and its scheduled time (below the --every interval; clamped to each cron gap).
+    /// Delivered as x-redisched-due-at, the unjittered time as x-redisched-scheduled-at
+    #[arg(long, value_name = "MS")]
+    pub jitter: Option<String>,
     /// POST the job to this URL instead of its webhook target's (must start with one of
     /// the target's allowed_url_prefixes)
     #[arg(long, value_name = "URL")]
@@ -497,6 +502,21 @@ fn schedule_of(args: &PutArgs, min_interval_ms: u64) -> Result<Option<Schedule>,
     }
 }
 
+/// `--jitter MS`: only with a schedule, below an --every interval.
+fn jitter_of(args: &PutArgs, schedule: Option<&Schedule>) -> Result<u64, CliError> {
+    let Some(text) = &args.jitter else {
+        return Ok(0);
+    };
+    let Some(schedule) = schedule else {
+        return Err(CliError::Usage(
+            "--jitter is only for a recurring job (give --every or --cron): a one-shot job has no occurrences to spread".into(),
+        ));
+    };
+    crate::schedule::parse_jitter(text)
+        .and_then(|ms| schedule.check_jitter(ms))
+        .map_err(|e| CliError::Usage(format!("--jitter {text}: {e}")))
+}
+
 async fn put(
     store: &Store,
     args: &PutArgs,
@@ -518,15 +538,21 @@ async fn put(
         due: explicit.unwrap_or(Due::NOW),
         mode,
     };
+    let jitter_ms = jitter_of(args, schedule.as_ref())?;
     let outcome = match &schedule {
         None => store.put(request).await?,
         Some(schedule) => {
             let now = store.server_time().await?;
             request.due = schedule.first_due(explicit, now).map_err(CliError::Usage)?;
+            request.meta = crate::webhook::job_meta(args.url.as_deref(), jitter_ms);
             let spec = schedule
                 .store_spec()
                 .map_err(|e| CliError::Usage(e.to_string()))?;
-            store.put_recurring(request, spec).await?
+            let bound = match request.due {
+                Due::At(first) => schedule.jitter_bound(first, jitter_ms),
+                Due::Delay(_) => jitter_ms,
+            };
+            store.put_jittered(request, spec, bound).await?
         }
     };
     let now = store.server_time().await?;

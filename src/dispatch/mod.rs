@@ -545,7 +545,7 @@ impl Dispatcher {
             tracing::warn!(%topic, id = %job.id, %err, "job metadata unreadable; delivering without it");
             Default::default()
         });
-        let props = outgoing_properties(topic.as_str(), &job, stored);
+        let props = outgoing_properties(topic.as_str(), &job, stored, ticket.due_at);
         let confirm = channel
             .basic_publish(
                 self.config.amqp.ready_exchange.as_str().into(),

@@ -183,7 +183,8 @@ impl Delivery {
         let outgoing = Outgoing {
             topic: self.topic.as_str(),
             id: &self.job.id,
-            due_at: self.job.due_at,
+            due_at: self.ticket.due_at,
+            scheduled_at: self.ticket.scheduled_at,
             attempt: self.job.attempt,
             body: &self.job.body,
             props: &props,

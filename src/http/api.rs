@@ -106,12 +106,15 @@ pub(super) struct PutQuery {
     every: Option<String>,
     cron: Option<String>,
     tz: Option<String>,
+    /// A series' jitter, ms.
+    jitter: Option<String>,
     /// The job's own URL (a webhook target's `allowed_url_prefixes`).
     url: Option<String>,
 }
 
 /// `PUT /v1/topics/{topic}/jobs/{id}?delay_ms=|at=&mode=replace`: the raw body is the job;
-/// `every=` or `cron=` (+ `tz=`) make it recurring (`super::features::recurrence`).
+/// `every=` or `cron=` (+ `tz=`, `jitter=`) make it recurring
+/// (`super::features::recurrence`).
 pub(super) async fn put_job(
     State(state): State<AppState>,
     PathParams((topic, id)): PathParams<(String, String)>,
@@ -130,6 +133,7 @@ pub(super) async fn put_job(
                 q.every.as_deref(),
                 q.cron.as_deref(),
                 q.tz.as_deref(),
+                q.jitter.as_deref(),
                 explicit.then_some(due),
             )?;
             Ok((put_mode(&q)?, due, recurrence, q.url))
@@ -147,7 +151,8 @@ pub(super) async fn put_job(
             crate::targets::check_job_url_for(&state.config.targets, topic.as_str(), url)
                 .map_err(|reason| ApiError::url_not_allowed(format!("url: {reason}")))?;
         }
-        let meta = crate::webhook::meta_with_url(url.as_deref());
+        let jitter_ms = recurrence.as_ref().map_or(0, |r| r.jitter_ms);
+        let meta = crate::webhook::job_meta(url.as_deref(), jitter_ms);
         let body = read_body(body, state.store.limits().max_body_bytes).await?;
         match recurrence {
             Some(recurrence) => recurrence.put(&state, topic, id, body, meta, mode).await,

@@ -182,7 +182,7 @@ impl Store {
                     PutMode::Keep => "nx",
                     PutMode::Replace => "replace",
                 };
-                Scripts::call_with_keys(&scripts.put, &put.topic, keys)
+                let call = Scripts::call_with_keys(&scripts.put, &put.topic, keys)
                     .arg(put.id.as_str())
                     .arg(&put.body[..])
                     .arg(&put.meta[..])
@@ -194,7 +194,11 @@ impl Store {
                     .arg(channel)
                     .arg(command.schedule().map_or("", ScheduleSpec::as_str))
                     .arg(self.history_max)
-                    .arg(epoch)
+                    .arg(epoch);
+                match command.jitter_ms() {
+                    0 => call,
+                    jitter => call.arg(jitter),
+                }
             }
             Op::Delete { topic, id } => Scripts::call_with_keys(&scripts.delete, topic, keys)
                 .arg(id.as_str())
@@ -714,6 +718,7 @@ fn decode_batch(script: &'static str, value: Value) -> Result<Batch, StoreError>
             token: u64::try_from(job.int("token")?).unwrap_or(0),
             meta: job.bytes("meta")?,
             body: job.bytes("body")?,
+            reserved_at: now,
             spec: non_empty(&job.bytes("spec")?),
         });
     }

@@ -30,7 +30,10 @@ const ERROR_BODY_BYTES: usize = 200;
 pub struct Outgoing<'a> {
     pub topic: &'a str,
     pub id: &'a str,
+    /// When it was due (a series occurrence's jittered time).
     pub due_at: i64,
+    /// The occurrence's scheduled time before its jitter (`due_at` when none).
+    pub scheduled_at: i64,
     pub attempt: u32,
     pub body: &'a [u8],
     /// The job's stored AMQP properties (content type, forwarded headers, its URL).
@@ -146,6 +149,11 @@ impl Client {
             &mut request_headers,
             headers::ATTEMPT,
             &job.attempt.to_string(),
+        );
+        put(
+            &mut request_headers,
+            headers::SCHEDULED_AT,
+            &job.scheduled_at.to_string(),
         );
         let msg_id = webhook_id(job.topic, job.id, job.due_at, job.body, job.props);
         let timestamp = SystemTime::now()
@@ -316,14 +324,29 @@ fn redact(url: &str) -> String {
 /// The stored meta of a job put through REST or the CLI with its own URL: the
 /// `x-redisched-url` header, as an AMQP producer would have sent it.
 pub fn meta_with_url(url: Option<&str>) -> Vec<u8> {
-    let Some(url) = url else {
-        return Vec::new();
-    };
+    job_meta(url, 0)
+}
+
+/// The stored meta of a job put through REST or the CLI: its own URL
+/// (`x-redisched-url`) and a series' jitter (`x-redisched-jitter`, which dispatch reads
+/// from there), as an AMQP producer would have sent them; empty with neither.
+pub fn job_meta(url: Option<&str>, jitter_ms: u64) -> Vec<u8> {
     let mut table = lapin::types::FieldTable::default();
-    table.insert(
-        URL_HEADER.into(),
-        AMQPValue::LongString(url.as_bytes().to_vec().into()),
-    );
+    if let Some(url) = url {
+        table.insert(
+            URL_HEADER.into(),
+            AMQPValue::LongString(url.as_bytes().to_vec().into()),
+        );
+    }
+    if jitter_ms > 0 {
+        table.insert(
+            headers::JITTER.into(),
+            AMQPValue::LongLongInt(i64::try_from(jitter_ms).unwrap_or(i64::MAX)),
+        );
+    }
+    if table.inner().is_empty() {
+        return Vec::new();
+    }
     crate::amqp::encode_meta(&AMQPProperties::default().with_headers(table))
 }
 
