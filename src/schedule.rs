@@ -535,7 +535,7 @@ mod tests {
         assert_eq!(fnv1a32(&[b"a"]), 0xe40c_292c);
         assert_eq!(fnv1a32(&[b"foo", b"bar"]), 0xbf9c_f968);
         // topic \0 id \0 scheduled_ms, mod the bound.
-        let whole = fnv1a32(&[b"mail\0user-1\01764590400000"]);
+        let whole = fnv1a32(&[b"mail\0user-1\x001764590400000"]);
         assert_eq!(
             jitter_delay("mail", "user-1", 1_764_590_400_000, 500),
             u64::from(whole) % 500
