@@ -86,6 +86,7 @@ pub enum Command {
         redisched put emails welcome-42 --body-file mail.json --at 2030-01-01T09:00:00Z --replace\n  \
         echo hello | redisched put emails hello-1 - --delay 250ms\n  \
         redisched put reports hourly '{}' --every 1h\n  \
+        redisched put digests user-42 '{}' --every 1h --jitter 600000   # spread over 10 min\n  \
         redisched put reports standup '{}' --cron '0 9 * * MON-FRI' --tz Europe/Berlin\n\n\
         A recurring job (--every or --cron) is first due at --delay/--at if given (for --cron: the \
         first match at or after it), else one interval from now or the next cron match.")]

@@ -765,6 +765,21 @@ async fn rest_and_cli_refuse_bad_jitter_and_store_a_good_one() {
     let info = store.get(&t, &jid("r1")).await.expect("get").expect("job");
     let meta = redisched::amqp::decode_meta(&info.meta).expect("meta");
     assert_eq!(redisched::amqp::jitter_of(&meta), 600, "kept for dispatch");
+    let shown: serde_json::Value = client
+        .get(format!("{base}/v1/topics/restj/jobs/r1"))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(shown["jitter_ms"], 600, "{shown}");
+    assert_eq!(shown["every_ms"], 1000, "{shown}");
+    assert_eq!(
+        shown["due_at"],
+        score.expect("score"),
+        "the jittered next due time"
+    );
     shutdown.cancel();
     let _ = server.await;
 
@@ -824,4 +839,7 @@ async fn rest_and_cli_refuse_bad_jitter_and_store_a_good_one() {
         score,
         Some(due + jitter_delay("clij", "c1", due, 250_000) as i64)
     );
+    let out = cli(&["get", "clij", "c1", "--json"]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(shown["jitter_ms"], 250_000, "{shown}");
 }
