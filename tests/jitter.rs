@@ -645,7 +645,8 @@ async fn bad_jitter_commands_are_set_aside_with_a_reason_and_nothing_is_stored()
     let mut invalid = broker.consume_invalid().await;
     let bridge = InProcess::start(&config);
     let every = ("x-redisched-every", AMQPValue::LongInt(1000));
-    let cases: Vec<(&str, Vec<(&str, AMQPValue)>, &str)> = vec![
+    type Case<'a> = (&'a str, Vec<(&'a str, AMQPValue)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "negative",
             vec![
