@@ -334,6 +334,34 @@ impl Schedule {
         }
     }
 
+    /// The occurrence to schedule when a jittered series' occurrence scheduled at
+    /// `scheduled_ms` is released at `now_ms`, with its delay: the first one after it
+    /// whose **jittered** time is still ahead (so an occurrence whose scheduled time has
+    /// passed but whose jittered one has not is not coalesced away; those whose jittered
+    /// time passed are, as [`Schedule::next_occurrence`] does without jitter).
+    pub fn next_jittered(
+        &self,
+        topic: &str,
+        id: &str,
+        scheduled_ms: i64,
+        now_ms: i64,
+        jitter_ms: u64,
+    ) -> Option<(i64, u64)> {
+        let jitter = i64::try_from(jitter_ms).ok()?;
+        // Every delay is below `jitter_ms`: an occurrence scheduled at or before
+        // now - jitter is overdue whatever its delay.
+        let mut next = self.next_occurrence(scheduled_ms, now_ms.saturating_sub(jitter))?;
+        for _ in 0..1000 {
+            let delay = self.occurrence_delay(topic, id, next, jitter_ms);
+            if next.saturating_add(i64::try_from(delay).ok()?) > now_ms {
+                return Some((next, delay));
+            }
+            next = self.next_after(next)?;
+        }
+        let next = self.next_occurrence(scheduled_ms, now_ms)?;
+        Some((next, self.occurrence_delay(topic, id, next, jitter_ms)))
+    }
+
     /// The delay of the occurrence of `topic`/`id` scheduled at `scheduled_ms` under a
     /// jitter of `jitter_ms`.
     pub fn occurrence_delay(
@@ -600,6 +628,46 @@ mod tests {
         // An interval's bound is its jitter (always below the interval).
         let every = Schedule::Every { ms: 1000 };
         assert_eq!(every.jitter_bound(nine, 500), 500);
+    }
+
+    #[test]
+    fn a_jittered_occurrence_still_ahead_is_not_coalesced() {
+        let every = Schedule::Every { ms: 1000 };
+        let (topic, s) = ("t", 1_764_590_400_000_i64);
+        // An id whose next occurrence has a delay of at least 300 ms.
+        let id = (0..)
+            .map(|n| format!("id-{n}"))
+            .find(|id| jitter_delay(topic, id, s + 1000, 900) >= 300)
+            .unwrap();
+        let d1 = jitter_delay(topic, &id, s + 1000, 900);
+        // Released after the next scheduled time, before its jittered one: kept.
+        assert_eq!(
+            every.next_jittered(topic, &id, s, s + 1000 + 100, 900),
+            Some((s + 1000, d1))
+        );
+        // Released after its jittered time too: coalesced to the one after.
+        let (next, delay) = every
+            .next_jittered(topic, &id, s, s + 1000 + d1 as i64, 900)
+            .unwrap();
+        assert_eq!(next, s + 2000);
+        assert_eq!(delay, jitter_delay(topic, &id, s + 2000, 900));
+        // On time: simply the next one.
+        assert_eq!(
+            every.next_jittered(topic, &id, s, s + 200, 900),
+            Some((s + 1000, d1))
+        );
+        // Late by many intervals: the first one whose jittered time is ahead.
+        let now = s + 10_500;
+        let (next, delay) = every.next_jittered(topic, &id, s, now, 900).unwrap();
+        assert!(
+            next + delay as i64 > now,
+            "{next} + {delay} is ahead of {now}"
+        );
+        let before = next - 1000;
+        assert!(
+            before + jitter_delay(topic, &id, before, 900) as i64 <= now,
+            "the one before {next} was overdue"
+        );
     }
 
     #[test]

@@ -165,16 +165,21 @@ fn delivered(done: &[Ticket], now: i64) -> Vec<Noted> {
                 lease: a.lease.clone(),
                 next_due: match &a.schedule {
                     None => NextDue::OneShot,
+                    Some(schedule) if a.jitter_ms > 0 => match schedule.next_jittered(
+                        a.lease.topic.as_str(),
+                        &a.lease.id,
+                        a.scheduled_at,
+                        now,
+                        a.jitter_ms,
+                    ) {
+                        Some((at, delay_ms)) => NextDue::Jittered { at, delay_ms },
+                        None => {
+                            tracing::warn!(topic = %a.lease.topic, id = %a.lease.id, %schedule,
+                            "series has no further occurrence; it ends");
+                            NextDue::End
+                        }
+                    },
                     Some(schedule) => match schedule.next_occurrence(a.scheduled_at, now) {
-                        Some(next) if a.jitter_ms > 0 => NextDue::Jittered {
-                            at: next,
-                            delay_ms: schedule.occurrence_delay(
-                                a.lease.topic.as_str(),
-                                &a.lease.id,
-                                next,
-                                a.jitter_ms,
-                            ),
-                        },
                         Some(next) => NextDue::At(next),
                         None => {
                             tracing::warn!(topic = %a.lease.topic, id = %a.lease.id, %schedule,
