@@ -32,7 +32,13 @@ ARGV:
   12 epoch        optional (9 keys): the writer's ingest epoch, a positive integer;
                   refused (FENCED) if older than the fence, else raises it. '' or
                   absent: unfenced
-Reply: { status, due_at } where status is
+  13 jitter_ms    optional: 0..10^12, only with a spec ('' or 0: none). The first
+                  occurrence waits in `scheduled` at due + delay, where delay =
+                  FNV-1a-32(topic .. '\0' .. id .. '\0' .. due) mod jitter_ms (due in
+                  decimal; lua/README.md "Jitter"); the record keeps due itself, so a
+                  series' grid never drifts. The caller bounds jitter_ms so that
+                  due + delay stays before the series' next occurrence
+Reply: { status, due_at } (due_at: the unjittered due time) where status is
   'scheduled'  a new job was stored,
   'replaced'   mode 'replace' overwrote an existing job (scheduled, reserved or
                parked): body, meta, spec, due time; attempts, failures, last error
@@ -41,7 +47,8 @@ Reply: { status, due_at } where status is
                due_at is then the existing job's due time (its current place in
                `scheduled`, which a retry or requeue may have moved, else the due
                time in its record, also for a parked job).
-Errors: INVALID_ARGUMENT (keys, id, mode, when, limits, spec, history_max),
+Errors: INVALID_ARGUMENT (keys, id, mode, when, limits, spec, history_max, jitter_ms
+out of range or without a spec),
 BODY_TOO_LARGE, DELAY_TOO_LONG, CORRUPT_RECORD (mode 'nx' on an unreadable record),
 FENCED (epoch older than the topic's fence: nothing written),
 WRONGTYPE (from Redis: a key holds another type).
@@ -222,6 +229,20 @@ local function history_push(key, max, entries)
 end
 -- <<< shared <<<
 
+-- FNV-1a, 32 bits, of `s` (offset basis 2166136261, prime 16777619 = 2^24 + 403), exact
+-- in Lua's doubles: the XOR touches the low byte only, and h * prime mod 2^32 is
+-- (h mod 2^8) * 2^24 + h * 403 mod 2^32, every term below 2^42. The bridge computes the
+-- same (src/schedule.rs, jitter_delay) for the occurrences it releases.
+local function fnv1a32(s)
+  local h = 2166136261
+  for i = 1, #s do
+    local low = h % 256
+    h = h - low + bit.bxor(low, string.byte(s, i))
+    h = ((h % 256) * 16777216 + h * 403) % 4294967296
+  end
+  return h
+end
+
 -- True for 1..256 bytes of UTF-8 without control characters (C0, DEL, C1), the same
 -- rule as JobId in src/job.rs. ASCII ids (the common case) take the fast path.
 local function valid_id(s)
@@ -271,8 +292,8 @@ local full, bad_keys = full_keys('put', 4, true)
 if bad_keys then
   return bad_keys
 end
-if #ARGV < 8 or #ARGV > 12 then
-  return redis.error_reply('INVALID_ARGUMENT put takes 8 to 12 arguments, got ' .. #ARGV)
+if #ARGV < 8 or #ARGV > 13 then
+  return redis.error_reply('INVALID_ARGUMENT put takes 8 to 13 arguments, got ' .. #ARGV)
 end
 if not valid_id(id) then
   return redis.error_reply('INVALID_ARGUMENT id must be 1..256 bytes of UTF-8 without control characters')
@@ -294,6 +315,16 @@ end
 local history_max, bad_history = history_max_arg(ARGV[11])
 if bad_history then
   return bad_history
+end
+local jitter = 0
+if ARGV[13] and ARGV[13] ~= '' then
+  jitter = int_arg(ARGV[13])
+  if not jitter or jitter < 0 or jitter > 1000000000000 then
+    return redis.error_reply('INVALID_ARGUMENT jitter_ms must be an integer 0..1000000000000, got ' .. ARGV[13])
+  end
+  if jitter > 0 and spec == '' then
+    return redis.error_reply('INVALID_ARGUMENT jitter_ms is only for a recurring job (give a spec)')
+  end
 end
 if #body > max_body then
   return redis.error_reply('BODY_TOO_LARGE body is ' .. #body .. ' bytes, the limit is ' .. max_body)
@@ -319,6 +350,12 @@ end
 -- checks for the id (HSETNX); a duplicate is the rare case that reads the record.
 local due_s = fmt(due)
 local record = new_record(due_s, spec, meta, body)
+-- The place in `scheduled`: the due time, plus the first occurrence's jitter.
+local score_s = due_s
+if jitter > 0 then
+  local topic = string.match(scheduled, '{(.-)}') or ''
+  score_s = fmt(due + fnv1a32(topic .. '\0' .. id .. '\0' .. due_s) % jitter)
+end
 local existing = false
 if mode == 'nx' then
   if redis.call('HSETNX', jobs, id, record) == 0 then
@@ -345,13 +382,13 @@ else
   end
   redis.call('HSET', jobs, id, record)
 end
-redis.call('ZADD', scheduled, due_s, id)
+redis.call('ZADD', scheduled, score_s, id)
 
 -- Rank 0 after the ZADD: this job is now the topic's earliest (ZRANK answers a number,
 -- cheaper to hand to Lua than the member list ZRANGE would).
 local channel = ARGV[9]
 if channel and #channel > 0 and redis.call('ZRANK', scheduled, id) == 0 then
-  redis.call('PUBLISH', channel, due_s .. '|' .. (string.match(scheduled, '{(.-)}') or ''))
+  redis.call('PUBLISH', channel, score_s .. '|' .. (string.match(scheduled, '{(.-)}') or ''))
 end
 
 if existing then

@@ -8,7 +8,10 @@ ARGV: id1, lease1 [, id2, lease2 ...] [, history_max]
   recurring job `<token>@<next_due>`: next_due is the epoch ms of the series' next
   occurrence, computed by the caller from the job's spec (the first occurrence strictly
   after the server's now, see lua/README.md "Recurring series"); `<token>@-1` ends the
-  series (the job is deleted). A next_due for a one-shot job is ignored. Either form may
+  series (the job is deleted). A next_due for a one-shot job is ignored.
+  `<token>@<next_due>+<delay>` (jitter, lua/README.md "Jitter"): the next occurrence
+  waits in `scheduled` at next_due + delay (integer ms >= 0) while its record keeps
+  next_due, so the series' grid never drifts. Either form may
   end in `;<note>` (at most 100 bytes, e.g. `HTTP 200` from a webhook target): it goes
   into the job's `dispatched` history entry (after the next due time for a series).
   Either form may start with `expired:` (e.g. `expired:17@1000;within 5000 ms`): the
@@ -19,14 +22,15 @@ ARGV: id1, lease1 [, id2, lease2 ...] [, history_max]
   history list, default 1000, 0 = none); each release is logged as 'dispatched'
   (or 'expired').
 Reply: the number of jobs released (deleted or rescheduled).
-Errors: INVALID_ARGUMENT (keys; count; a lease that is not `<token>` or
-  `<token>@<integer>`, optionally after `expired:`; a recurring job, still ours,
-  released without next_due or with a next_due not later than the released
-  occurrence's due_at: then nothing at all changes), WRONGTYPE (from Redis).
+Errors: INVALID_ARGUMENT (keys; count; a lease that is not `<token>`,
+  `<token>@<integer>` or `<token>@<next_due>+<delay>`, each optionally after `expired:`;
+  a recurring job, still ours, released without next_due or with a next_due not later
+  than the released occurrence's due_at: then nothing at all changes), WRONGTYPE (from
+  Redis).
 Invariant: only a job that is reserved *and* carries the given token is touched. A late
 release, after the reservation expired and the job was requeued (and maybe reserved
 again under a new token), or after the job was replaced or deleted by id, changes
-nothing. A recurring job leaves `reserved` for `scheduled` at next_due with attempts,
+nothing. A recurring job leaves `reserved` for `scheduled` at next_due (+ delay) with attempts,
 failures and last error reset, in the same step: a crash never loses or doubles it.
 ]]
 local scheduled, reserved, jobs = KEYS[1], KEYS[2], KEYS[3]
@@ -235,11 +239,16 @@ for i = 1, pairs_end, 2 do
     lease = base
   end
   local token, next_s = string.match(lease, '^(%d+)@(%-?%d+)$')
+  local delay_s
+  if not token then
+    token, next_s, delay_s = string.match(lease, '^(%d+)@(%d+)%+(%d+)$')
+  end
   if not token then
     token = string.match(lease, '^(%d+)$')
   end
-  if not token or (next_s and #next_s > 16) then
-    return redis.error_reply('INVALID_ARGUMENT lease must be <token> or <token>@<next_due>, got ' .. lease)
+  if not token or (next_s and #next_s > 16) or (delay_s and #delay_s > 13) then
+    return redis.error_reply('INVALID_ARGUMENT lease must be <token>, <token>@<next_due> or ' ..
+      '<token>@<next_due>+<delay>, got ' .. lease)
   end
   local next_due = next_s and tonumber(next_s)
   if next_due and next_due < -1 then
@@ -258,6 +267,7 @@ for i = 1, pairs_end, 2 do
             ' is not later than its occurrence due at ' .. fmt(j.due))
         end
         j.next = next_due
+        j.delay = delay_s and tonumber(delay_s) or 0
       end
       plan[#plan + 1] = { id, j, note, outcome }
     end
@@ -278,7 +288,7 @@ for _, step in ipairs(plan) do
     local occurrence, attempts = j.due, j.attempts
     j.due, j.attempts, j.failures, j.error_at, j.err = j.next, 0, 0, 0, ''
     redis.call('HSET', jobs, id, encode(j))
-    redis.call('ZADD', scheduled, detail, id)
+    redis.call('ZADD', scheduled, j.delay > 0 and fmt(j.next + j.delay) or detail, id)
     j.due, j.attempts = occurrence, attempts
   else
     redis.call('HDEL', jobs, id)

@@ -87,6 +87,7 @@ pub enum Command {
         redisched put emails welcome-42 --body-file mail.json --at 2030-01-01T09:00:00Z --replace\n  \
         echo hello | redisched put emails hello-1 - --delay 250ms\n  \
         redisched put reports hourly '{}' --every 1h\n  \
+        redisched put digests user-42 '{}' --every 1h --jitter 600000   # spread over 10 min\n  \
         redisched put reports standup '{}' --cron '0 9 * * MON-FRI' --tz Europe/Berlin\n\n\
         A recurring job (--every or --cron) is first due at --delay/--at if given (for --cron: the \
         first match at or after it), else one interval from now or the next cron match.")]
@@ -242,6 +243,11 @@ pub struct PutArgs {
     /// The IANA time zone of --cron (default UTC)
     #[arg(long, value_name = "ZONE", requires = "cron")]
     pub tz: Option<String>,
+    /// Recurring: delay each occurrence by a deterministic amount in [0, MS) from topic,
+    /// id and its scheduled time (below the --every interval; clamped to each cron gap).
+    /// Delivered as x-redisched-due-at, the unjittered time as x-redisched-scheduled-at
+    #[arg(long, value_name = "MS")]
+    pub jitter: Option<String>,
     /// POST the job to this URL instead of its webhook target's (must start with one of
     /// the target's allowed_url_prefixes)
     #[arg(long, value_name = "URL")]
@@ -507,6 +513,21 @@ fn schedule_of(args: &PutArgs, min_interval_ms: u64) -> Result<Option<Schedule>,
     }
 }
 
+/// `--jitter MS`: only with a schedule, below an --every interval.
+fn jitter_of(args: &PutArgs, schedule: Option<&Schedule>) -> Result<u64, CliError> {
+    let Some(text) = &args.jitter else {
+        return Ok(0);
+    };
+    let Some(schedule) = schedule else {
+        return Err(CliError::Usage(
+            "--jitter is only for a recurring job (give --every or --cron): a one-shot job has no occurrences to spread".into(),
+        ));
+    };
+    crate::schedule::parse_jitter(text)
+        .and_then(|ms| schedule.check_jitter(ms))
+        .map_err(|e| CliError::Usage(format!("--jitter {text}: {e}")))
+}
+
 async fn put(
     store: &Store,
     args: &PutArgs,
@@ -520,12 +541,13 @@ async fn put(
         PutMode::Keep
     };
     let size = body.len();
+    let jitter_ms = jitter_of(args, schedule.as_ref())?;
     let mut request = PutRequest {
         topic: args.topic.clone(),
         id: args.id.clone(),
         body,
         meta: crate::expiry::meta_with_expiry(
-            crate::webhook::meta_with_url(args.url.as_deref()),
+            crate::webhook::job_meta(args.url.as_deref(), jitter_ms),
             args.expires_after,
         ),
         due: explicit.unwrap_or(Due::NOW),
@@ -539,7 +561,11 @@ async fn put(
             let spec = schedule
                 .store_spec()
                 .map_err(|e| CliError::Usage(e.to_string()))?;
-            store.put_recurring(request, spec).await?
+            let bound = match request.due {
+                Due::At(first) => schedule.jitter_bound(first, jitter_ms),
+                Due::Delay(_) => jitter_ms,
+            };
+            store.put_jittered(request, spec, bound).await?
         }
     };
     let now = store.server_time().await?;

@@ -72,6 +72,63 @@ pub enum ScheduleError {
     SpecTooLong,
     #[error("unrecognised schedule spec {0:?} (expected every:<ms> or cron:<expr>|<tz>)")]
     BadSpec(String),
+    #[error("jitter {text:?} is not a number of milliseconds >= 0")]
+    BadJitter { text: String },
+    #[error("jitter {jitter_ms} ms must be below the interval of {interval_ms} ms (every occurrence before the next one)")]
+    JitterNotBelowInterval { jitter_ms: u64, interval_ms: u64 },
+    #[error("jitter {0} ms is too long (at most {MAX_INTERVAL_MS} ms)")]
+    JitterTooLong(u64),
+}
+
+/// A jitter in ms as given (integer, or a numeric string such as `"500"`): refused when
+/// negative or not a number. `0` means none.
+pub fn parse_jitter(text: &str) -> Result<u64, ScheduleError> {
+    let trimmed = text.trim();
+    let ms: u64 = if !trimmed.is_empty() && trimmed.bytes().all(|b| b.is_ascii_digit()) {
+        trimmed.parse().map_err(|_| ScheduleError::BadJitter {
+            text: text.to_owned(),
+        })?
+    } else {
+        return Err(ScheduleError::BadJitter {
+            text: text.to_owned(),
+        });
+    };
+    if ms > MAX_INTERVAL_MS {
+        return Err(ScheduleError::JitterTooLong(ms));
+    }
+    Ok(ms)
+}
+
+/// FNV-1a, 32 bits: offset basis 2166136261, prime 16777619 (`lua/put.lua` computes the
+/// same in Lua).
+fn fnv1a32(parts: &[&[u8]]) -> u32 {
+    let mut hash: u32 = 2_166_136_261;
+    for part in parts {
+        for &byte in *part {
+            hash ^= u32::from(byte);
+            hash = hash.wrapping_mul(16_777_619);
+        }
+    }
+    hash
+}
+
+/// The delay of the occurrence of series `id` in `topic` scheduled at `scheduled_ms`,
+/// for a jitter bound of `bound_ms` (see [`Schedule::jitter_bound`]): FNV-1a-32 of
+/// `topic \0 id \0 scheduled_ms` (decimal) mod `bound_ms`, 0 without a bound. The same on
+/// every bridge, after every restart, and in any client (lua/README.md, *Jitter*).
+pub fn jitter_delay(topic: &str, id: &str, scheduled_ms: i64, bound_ms: u64) -> u64 {
+    if bound_ms == 0 {
+        return 0;
+    }
+    let scheduled = scheduled_ms.to_string();
+    let hash = fnv1a32(&[
+        topic.as_bytes(),
+        b"\0",
+        id.as_bytes(),
+        b"\0",
+        scheduled.as_bytes(),
+    ]);
+    u64::from(hash) % bound_ms
 }
 
 /// When a recurring job's occurrences fall.
@@ -241,6 +298,85 @@ impl Schedule {
             }
             Schedule::Cron { .. } => self.next_after(due_ms.max(now_ms)),
         }
+    }
+}
+
+impl Schedule {
+    /// Checks a jitter for this schedule: below the interval of an `every` series (so
+    /// an occurrence never passes the next one). Any jitter suits a cron schedule: it
+    /// is clamped to each gap ([`Schedule::jitter_bound`]).
+    pub fn check_jitter(&self, jitter_ms: u64) -> Result<u64, ScheduleError> {
+        if jitter_ms > MAX_INTERVAL_MS {
+            return Err(ScheduleError::JitterTooLong(jitter_ms));
+        }
+        match self {
+            Schedule::Every { ms } if jitter_ms >= *ms => {
+                Err(ScheduleError::JitterNotBelowInterval {
+                    jitter_ms,
+                    interval_ms: *ms,
+                })
+            }
+            _ => Ok(jitter_ms),
+        }
+    }
+
+    /// The bound the delay of the occurrence scheduled at `scheduled_ms` is taken
+    /// modulo: `jitter_ms`, clamped to the gap to the next occurrence (a cron schedule
+    /// with irregular gaps), so a jittered occurrence is always strictly before the
+    /// next scheduled one. 0: no jitter.
+    pub fn jitter_bound(&self, scheduled_ms: i64, jitter_ms: u64) -> u64 {
+        if jitter_ms == 0 {
+            return 0;
+        }
+        match self.next_after(scheduled_ms) {
+            Some(next) => jitter_ms.min(u64::try_from(next - scheduled_ms).unwrap_or(0)),
+            None => jitter_ms,
+        }
+    }
+
+    /// The occurrence to schedule when a jittered series' occurrence scheduled at
+    /// `scheduled_ms` is released at `now_ms`, with its delay: the first one after it
+    /// whose **jittered** time is still ahead (so an occurrence whose scheduled time has
+    /// passed but whose jittered one has not is not coalesced away; those whose jittered
+    /// time passed are, as [`Schedule::next_occurrence`] does without jitter).
+    pub fn next_jittered(
+        &self,
+        topic: &str,
+        id: &str,
+        scheduled_ms: i64,
+        now_ms: i64,
+        jitter_ms: u64,
+    ) -> Option<(i64, u64)> {
+        let jitter = i64::try_from(jitter_ms).ok()?;
+        // Every delay is below `jitter_ms`: an occurrence scheduled at or before
+        // now - jitter is overdue whatever its delay.
+        let mut next = self.next_occurrence(scheduled_ms, now_ms.saturating_sub(jitter))?;
+        for _ in 0..1000 {
+            let delay = self.occurrence_delay(topic, id, next, jitter_ms);
+            if next.saturating_add(i64::try_from(delay).ok()?) > now_ms {
+                return Some((next, delay));
+            }
+            next = self.next_after(next)?;
+        }
+        let next = self.next_occurrence(scheduled_ms, now_ms)?;
+        Some((next, self.occurrence_delay(topic, id, next, jitter_ms)))
+    }
+
+    /// The delay of the occurrence of `topic`/`id` scheduled at `scheduled_ms` under a
+    /// jitter of `jitter_ms`.
+    pub fn occurrence_delay(
+        &self,
+        topic: &str,
+        id: &str,
+        scheduled_ms: i64,
+        jitter_ms: u64,
+    ) -> u64 {
+        jitter_delay(
+            topic,
+            id,
+            scheduled_ms,
+            self.jitter_bound(scheduled_ms, jitter_ms),
+        )
     }
 }
 
@@ -418,6 +554,120 @@ mod tests {
         assert_eq!(every.next_occurrence(10_000, 13_000), Some(14_000));
         // A clock behind the due time still moves forward.
         assert_eq!(every.next_occurrence(10_000, 9_000), Some(11_000));
+    }
+
+    #[test]
+    fn the_jitter_hash_is_fnv1a_32() {
+        // Reference vectors of FNV-1a 32 (the hash lua/README.md names).
+        assert_eq!(fnv1a32(&[b""]), 0x811c_9dc5);
+        assert_eq!(fnv1a32(&[b"a"]), 0xe40c_292c);
+        assert_eq!(fnv1a32(&[b"foo", b"bar"]), 0xbf9c_f968);
+        // topic \0 id \0 scheduled_ms, mod the bound.
+        let whole = fnv1a32(&[b"mail\0user-1\x001764590400000"]);
+        assert_eq!(
+            jitter_delay("mail", "user-1", 1_764_590_400_000, 500),
+            u64::from(whole) % 500
+        );
+        assert_eq!(jitter_delay("mail", "user-1", 1_764_590_400_000, 0), 0);
+        // Deterministic, and different occurrences get different delays.
+        let delays: std::collections::HashSet<u64> = (0..50)
+            .map(|k| jitter_delay("mail", "user-1", 1_764_590_400_000 + k * 1000, 500))
+            .collect();
+        assert!(delays.len() > 30, "{delays:?}");
+        assert!(delays.iter().all(|&d| d < 500));
+    }
+
+    #[test]
+    fn jitter_values_are_checked_against_the_schedule() {
+        assert_eq!(parse_jitter("500"), Ok(500));
+        assert_eq!(parse_jitter(" 0 "), Ok(0));
+        for bad in ["-1", "", "soon", "1.5", "5e2"] {
+            assert!(
+                matches!(parse_jitter(bad), Err(ScheduleError::BadJitter { .. })),
+                "{bad}"
+            );
+        }
+        let every = Schedule::Every { ms: 1000 };
+        assert_eq!(every.check_jitter(999), Ok(999));
+        let err = every.check_jitter(1000).unwrap_err();
+        assert_eq!(
+            err,
+            ScheduleError::JitterNotBelowInterval {
+                jitter_ms: 1000,
+                interval_ms: 1000
+            }
+        );
+        assert!(err.to_string().contains("below the interval"), "{err}");
+        // Cron: any jitter, clamped to each gap.
+        let cron = Schedule::cron("* * * * * *", None).unwrap();
+        assert_eq!(cron.check_jitter(5000), Ok(5000));
+        assert!(matches!(
+            cron.check_jitter(u64::MAX),
+            Err(ScheduleError::JitterTooLong(_))
+        ));
+    }
+
+    #[test]
+    fn a_cron_jitter_is_clamped_to_the_gap_to_the_next_occurrence() {
+        // 09:00, 10:00 and 18:00: gaps of 1 h, 8 h and 15 h.
+        let cron = Schedule::cron("0 9,10,18 * * *", None).unwrap();
+        let two_hours = 2 * 3_600_000;
+        let nine = ms("2026-12-01T09:00:00Z");
+        let ten = ms("2026-12-01T10:00:00Z");
+        assert_eq!(cron.jitter_bound(nine, two_hours), 3_600_000);
+        assert_eq!(cron.jitter_bound(ten, two_hours), two_hours);
+        assert_eq!(cron.jitter_bound(ten, 0), 0);
+        // Every occurrence stays strictly before the next one.
+        let mut at = nine;
+        for _ in 0..12 {
+            let next = cron.next_after(at).unwrap();
+            let delay = cron.occurrence_delay("t", "id", at, 10 * 3_600_000);
+            assert!(at + (delay as i64) < next, "{at} + {delay} >= {next}");
+            at = next;
+        }
+        // An interval's bound is its jitter (always below the interval).
+        let every = Schedule::Every { ms: 1000 };
+        assert_eq!(every.jitter_bound(nine, 500), 500);
+    }
+
+    #[test]
+    fn a_jittered_occurrence_still_ahead_is_not_coalesced() {
+        let every = Schedule::Every { ms: 1000 };
+        let (topic, s) = ("t", 1_764_590_400_000_i64);
+        // An id whose next occurrence has a delay of at least 300 ms.
+        let id = (0..)
+            .map(|n| format!("id-{n}"))
+            .find(|id| jitter_delay(topic, id, s + 1000, 900) >= 300)
+            .unwrap();
+        let d1 = jitter_delay(topic, &id, s + 1000, 900);
+        // Released after the next scheduled time, before its jittered one: kept.
+        assert_eq!(
+            every.next_jittered(topic, &id, s, s + 1000 + 100, 900),
+            Some((s + 1000, d1))
+        );
+        // Released after its jittered time too: coalesced to the one after.
+        let (next, delay) = every
+            .next_jittered(topic, &id, s, s + 1000 + d1 as i64, 900)
+            .unwrap();
+        assert_eq!(next, s + 2000);
+        assert_eq!(delay, jitter_delay(topic, &id, s + 2000, 900));
+        // On time: simply the next one.
+        assert_eq!(
+            every.next_jittered(topic, &id, s, s + 200, 900),
+            Some((s + 1000, d1))
+        );
+        // Late by many intervals: the first one whose jittered time is ahead.
+        let now = s + 10_500;
+        let (next, delay) = every.next_jittered(topic, &id, s, now, 900).unwrap();
+        assert!(
+            next + delay as i64 > now,
+            "{next} + {delay} is ahead of {now}"
+        );
+        let before = next - 1000;
+        assert!(
+            before + jitter_delay(topic, &id, before, 900) as i64 <= now,
+            "the one before {next} was overdue"
+        );
     }
 
     #[test]

@@ -463,6 +463,9 @@ pub struct JobView {
     pub body_bytes: usize,
     #[serde(flatten)]
     pub schedule: ScheduleFields,
+    /// A jittered series' `x-redisched-jitter` (ms, from its stored properties).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jitter_ms: Option<u64>,
     #[serde(flatten)]
     pub failure: FailureFields,
     /// The job's own expiry, ms after its due time (`x-redisched-expires-after`, REST
@@ -493,6 +496,12 @@ impl JobView {
             encoding,
             body_bytes: info.body.len(),
             schedule: ScheduleFields::of(info.spec.as_deref()),
+            jitter_ms: info
+                .spec
+                .as_ref()
+                .and_then(|_| crate::amqp::decode_meta(&info.meta).ok())
+                .map(|props| crate::amqp::jitter_of(&props))
+                .filter(|&ms| ms > 0),
             failure: FailureFields::new(info.failures, info.last_error.as_ref()),
             expires_after: crate::amqp::decode_meta(&info.meta)
                 .ok()

@@ -606,6 +606,9 @@ async fn the_document_states_what_the_server_refuses() {
             true,
         ),
         (&recurrence, json!({"every": "15m"}), true),
+        (&recurrence, json!({"jitter": "500"}), false),
+        (&recurrence, json!({"every": "15m", "jitter": "500"}), true),
+        (&recurrence, json!({"every": "15m", "jitter": "-5"}), false),
         (&due, json!({"delay_ms": 1, "at": "2"}), false),
         (&due, json!({"delay_ms": 1}), true),
     ] {

@@ -1350,6 +1350,7 @@ async fn a_write_from_an_older_ingest_epoch_is_refused_and_writes_nothing() {
     let put = |id: &str, body: &[u8]| Command {
         op: Op::Put(req(&t, id, body, Due::Delay(60_000), PutMode::Replace)),
         schedule: None,
+        jitter_ms: 0,
     };
     let delete = |id: &str| Command {
         op: Op::Delete {
@@ -1357,6 +1358,7 @@ async fn a_write_from_an_older_ingest_epoch_is_refused_and_writes_nothing() {
             id: jid(id),
         },
         schedule: None,
+        jitter_ms: 0,
     };
     let old = store.next_ingest_epoch().await.unwrap();
     let new = store.next_ingest_epoch().await.unwrap();
@@ -1393,6 +1395,7 @@ async fn a_write_from_an_older_ingest_epoch_is_refused_and_writes_nothing() {
     let elsewhere = Command {
         op: Op::Put(req(&other, "a", b"x", Due::Delay(60_000), PutMode::Keep)),
         schedule: None,
+        jitter_ms: 0,
     };
     let applied = store.apply_fenced(&[elsewhere], old).await.unwrap();
     assert!(applied[0].is_ok(), "{applied:?}");

@@ -15,7 +15,7 @@ use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 
 use crate::config::AmqpConfig;
 pub use properties::{
-    decode_meta, encode_meta, forwardable, job_id, outgoing_properties, too_deep,
+    decode_meta, encode_meta, forwardable, jitter_of, job_id, outgoing_properties, too_deep,
     with_plugin_delay, MAX_HEADER_DEPTH,
 };
 
@@ -44,12 +44,19 @@ pub mod headers {
     pub const TOPIC: &str = "x-redisched-topic";
     pub const DUE_AT: &str = "x-redisched-due-at";
     pub const ATTEMPT: &str = "x-redisched-attempt";
+    /// On delivered jobs: the occurrence's scheduled time before its jitter (epoch ms;
+    /// equal to the due time when there is none).
+    pub const SCHEDULED_AT: &str = "x-redisched-scheduled-at";
     /// A recurring job: its interval in ms (integer, or a numeric string).
     pub const EVERY: &str = "x-redisched-every";
     /// A recurring job: a cron expression (5 fields, or 6 with leading seconds) ...
     pub const CRON: &str = "x-redisched-cron";
     /// ... evaluated in this IANA time zone (default `UTC`).
     pub const TZ: &str = "x-redisched-tz";
+    /// A recurring job: delay each occurrence by a deterministic amount in `[0, ms)`
+    /// (integer, or a numeric string). Stored with the job (its meta), like the
+    /// schedule headers: dispatch reads it there.
+    pub const JITTER: &str = "x-redisched-jitter";
     /// A job of a webhook target's topic: the URL to POST it to instead of the
     /// target's, allowed only under the target's `allowed_url_prefixes`. Stored with the
     /// job (its meta) like any other header.
@@ -62,19 +69,21 @@ pub mod headers {
     /// Headers the bridge writes on what it publishes. On a command they are ignored and
     /// dropped (never stored or forwarded), so a set-aside command can be re-published
     /// once fixed, and a delivered job re-published as a command, without being refused.
-    pub const OUTPUT: [&str; 4] = [ERROR, TOPIC, DUE_AT, ATTEMPT];
+    pub const OUTPUT: [&str; 5] = [ERROR, TOPIC, DUE_AT, ATTEMPT, SCHEDULED_AT];
     /// Every `x-redisched-*` header a command may carry; any other is refused, so a
     /// producer never silently gets other semantics than it asked for.
-    pub const KNOWN: [&str; 11] = [
+    pub const KNOWN: [&str; 13] = [
         OP,
         ID,
         EVERY,
         CRON,
         TZ,
+        JITTER,
         ERROR,
         TOPIC,
         DUE_AT,
         ATTEMPT,
+        SCHEDULED_AT,
         URL,
         EXPIRES_AFTER,
     ];

@@ -238,19 +238,52 @@ fn encoded_header_depth(meta: &[u8]) -> Option<usize> {
     }
 }
 
+/// The jitter (ms) a series' stored properties carry in `x-redisched-jitter`: an
+/// integer or a numeric string >= 0, as ingest accepted it; `0` for none (or for a
+/// value no release of this bridge would have stored).
+pub fn jitter_of(props: &AMQPProperties) -> u64 {
+    let value = props
+        .headers()
+        .as_ref()
+        .and_then(|t| t.inner().get(headers::JITTER));
+    let ms = match value {
+        Some(AMQPValue::ShortShortInt(v)) => i64::from(*v),
+        Some(AMQPValue::ShortShortUInt(v)) => i64::from(*v),
+        Some(AMQPValue::ShortInt(v)) => i64::from(*v),
+        Some(AMQPValue::ShortUInt(v)) => i64::from(*v),
+        Some(AMQPValue::LongInt(v)) => i64::from(*v),
+        Some(AMQPValue::LongUInt(v)) => i64::from(*v),
+        Some(AMQPValue::LongLongInt(v)) => *v,
+        Some(AMQPValue::LongString(s)) => std::str::from_utf8(s.as_bytes())
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0),
+        Some(AMQPValue::ShortString(s)) => s.as_str().trim().parse().unwrap_or(0),
+        _ => 0,
+    };
+    u64::try_from(ms).unwrap_or(0)
+}
+
 /// The properties a due job is published with: its stored ones, persistent, with the
-/// job id as message_id and the `x-redisched-*` delivery headers.
+/// job id as message_id and the `x-redisched-*` delivery headers. `due_at` is the time
+/// the job was due (a series occurrence's jittered time), `job.due_at` its scheduled
+/// time (`x-redisched-scheduled-at`).
 pub fn outgoing_properties(
     topic: &str,
     job: &ReservedJob,
     stored: AMQPProperties,
+    due_at: i64,
 ) -> BasicProperties {
     let mut table = stored.headers().clone().unwrap_or_default();
     table.insert(
         headers::TOPIC.into(),
         AMQPValue::LongString(LongString::from(topic.as_bytes().to_vec())),
     );
-    table.insert(headers::DUE_AT.into(), AMQPValue::LongLongInt(job.due_at));
+    table.insert(headers::DUE_AT.into(), AMQPValue::LongLongInt(due_at));
+    table.insert(
+        headers::SCHEDULED_AT.into(),
+        AMQPValue::LongLongInt(job.due_at),
+    );
     table.insert(
         headers::ATTEMPT.into(),
         AMQPValue::LongLongInt(i64::from(job.attempt)),

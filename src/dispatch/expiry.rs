@@ -63,16 +63,17 @@ impl Expiry {
                 .any(|w| w == headers::EXPIRES_AFTER.as_bytes())
     }
 
-    /// The expiry of a reserved job that expired at `now` (server clock), if it did.
+    /// The expiry of a reserved job due at `due_at` (its ticket's: the jittered time
+    /// of a jittered occurrence) that expired at `now` (server clock), if it did.
     pub(crate) fn expired_at(
         &self,
         topic: &Topic,
-        job: &ReservedJob,
+        due_at: i64,
         props: &AMQPProperties,
         now: i64,
     ) -> Option<u64> {
         let ms = self.expires_after(topic, props);
-        crate::expiry::is_expired(job.due_at, ms, now).then_some(ms)
+        crate::expiry::is_expired(due_at, ms, now).then_some(ms)
     }
 
     pub(crate) fn set_channel(&self, channel: Option<Channel>) {
@@ -102,7 +103,7 @@ impl Expiry {
             return false;
         }
         let props = crate::amqp::decode_meta(&job.meta).unwrap_or_default();
-        let Some(ms) = self.expired_at(topic, job, &props, settler.clock.now()) else {
+        let Some(ms) = self.expired_at(topic, ticket.due_at, &props, settler.clock.now()) else {
             return false;
         };
         let ticket = mark_expired(ticket.clone(), ms);
@@ -117,7 +118,7 @@ impl Expiry {
                     .await;
                 return;
             };
-            let props = expired_properties(&topic, &job, props, ms);
+            let props = expired_properties(&topic, &job, props, ticket.due_at, ms);
             let confirmed = match publish(&channel, &exchange, &topic, &job, props).await {
                 Ok(confirm) => confirm.await.ok(),
                 Err(_) => None,
@@ -155,9 +156,10 @@ pub(crate) fn expired_properties(
     topic: &Topic,
     job: &ReservedJob,
     stored: AMQPProperties,
+    due_at: i64,
     ms: u64,
 ) -> BasicProperties {
-    let props = outgoing_properties(topic.as_str(), job, stored);
+    let props = outgoing_properties(topic.as_str(), job, stored, due_at);
     let mut table = props.headers().clone().unwrap_or_default();
     table.insert(
         headers::ERROR.into(),
@@ -237,6 +239,8 @@ mod tests {
             },
             schedule: None,
             due_at: 1_000,
+            scheduled_at: 1_000,
+            jitter_ms: 0,
             attempt: 2,
             note: String::new(),
             expired: None,

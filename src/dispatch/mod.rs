@@ -567,22 +567,23 @@ impl Dispatcher {
         // Not delivered by due + expires-after (on the server's clock, as just read by
         // the reserve): set aside to the expired exchange instead, through the same
         // confirms; released once that copy is confirmed.
-        let (exchange, props) = match self
-            .expiry
-            .expired_at(topic, job, &stored, self.clock.now())
-        {
-            Some(ms) => {
-                ticket = expiry::mark_expired(ticket, ms);
-                (
-                    &self.config.amqp.expired_exchange,
-                    expiry::expired_properties(topic, job, stored, ms),
-                )
-            }
-            None => (
-                &self.config.amqp.ready_exchange,
-                outgoing_properties(topic.as_str(), job, stored),
-            ),
-        };
+        let (exchange, props) =
+            match self
+                .expiry
+                .expired_at(topic, ticket.due_at, &stored, self.clock.now())
+            {
+                Some(ms) => {
+                    ticket = expiry::mark_expired(ticket, ms);
+                    (
+                        &self.config.amqp.expired_exchange,
+                        expiry::expired_properties(topic, job, stored, ticket.due_at, ms),
+                    )
+                }
+                None => (
+                    &self.config.amqp.ready_exchange,
+                    outgoing_properties(topic.as_str(), job, stored, ticket.due_at),
+                ),
+            };
         let confirm = expiry::publish(channel, exchange, topic, job, props).await?;
         self.metrics.publishes_in_flight.inc();
         let flight = InFlight {

@@ -21,7 +21,12 @@ pub(crate) struct Ticket {
     pub lease: Lease,
     /// A series occurrence: released with its next occurrence.
     pub schedule: Option<Schedule>,
+    /// When the job was due: a series occurrence's scheduled time plus its jitter.
     pub due_at: i64,
+    /// The occurrence's scheduled time (the record's `due_at`, the series' grid).
+    pub scheduled_at: i64,
+    /// The series' `x-redisched-jitter` (0: none): the next occurrence's delay.
+    pub jitter_ms: u64,
     pub attempt: u32,
     /// For the `dispatched` history entry (a webhook's `HTTP 200`); empty for AMQP.
     pub note: String,
@@ -209,14 +214,20 @@ async fn wait_for_redis(err: StoreError, backoff: Duration) -> Duration {
 /// lease (nothing moved) costs at most one empty reserve.
 fn hint_next_occurrences(hints: &DueHints, released: &[Noted]) {
     for noted in released {
-        if let NextDue::At(next) = noted.delivered.next_due {
-            hints.hint(&noted.delivered.lease.topic, next);
-        }
+        let due = match noted.delivered.next_due {
+            NextDue::At(next) => next,
+            NextDue::Jittered { at, delay_ms } => {
+                at.saturating_add(i64::try_from(delay_ms).unwrap_or(0))
+            }
+            NextDue::OneShot | NextDue::End => continue,
+        };
+        hints.hint(&noted.delivered.lease.topic, due);
     }
 }
 
 /// What releasing each delivered job does at `now`: delete a one-shot job, move a
-/// series to its next occurrence, or end a series that has none.
+/// series to its next occurrence (on its grid, counted from the scheduled time; a
+/// jittered one with the next occurrence's delay), or end a series that has none.
 fn delivered(done: &[Ticket], now: i64) -> Vec<Noted> {
     done.iter()
         .map(|a| Noted {
@@ -225,7 +236,21 @@ fn delivered(done: &[Ticket], now: i64) -> Vec<Noted> {
                 lease: a.lease.clone(),
                 next_due: match &a.schedule {
                     None => NextDue::OneShot,
-                    Some(schedule) => match schedule.next_occurrence(a.due_at, now) {
+                    Some(schedule) if a.jitter_ms > 0 => match schedule.next_jittered(
+                        a.lease.topic.as_str(),
+                        &a.lease.id,
+                        a.scheduled_at,
+                        now,
+                        a.jitter_ms,
+                    ) {
+                        Some((at, delay_ms)) => NextDue::Jittered { at, delay_ms },
+                        None => {
+                            tracing::warn!(topic = %a.lease.topic, id = %a.lease.id, %schedule,
+                            "series has no further occurrence; it ends");
+                            NextDue::End
+                        }
+                    },
+                    Some(schedule) => match schedule.next_occurrence(a.scheduled_at, now) {
                         Some(next) => NextDue::At(next),
                         None => {
                             tracing::warn!(topic = %a.lease.topic, id = %a.lease.id, %schedule,

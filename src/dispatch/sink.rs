@@ -14,6 +14,7 @@
 //! branch of one) that reserves for its topics only as many jobs as it can send now.
 
 use super::settle::Ticket;
+use crate::amqp::{decode_meta, jitter_of};
 use crate::job::Topic;
 use crate::schedule::Schedule;
 use crate::store::{Lease, ReservedJob};
@@ -38,6 +39,13 @@ pub(crate) enum Route {
 /// The settle ticket of a reserved job. A series occurrence is delivered only if its
 /// next occurrence can be computed at release: a spec in another client's convention
 /// is `Err` (the job's failure), with its lease.
+///
+/// A jittered series (`x-redisched-jitter` in its stored properties) is due at its
+/// scheduled time (the record's `due_at`) plus the occurrence's delay: that is the
+/// ticket's `due_at`. An occurrence reserved before that time was scheduled without
+/// its delay (released by a bridge of the release before jitter, or re-indexed by
+/// `check --repair` at its record's time): it is due at its scheduled time, never
+/// reported later than it was due.
 pub(crate) fn ticket(topic: &Topic, job: &ReservedJob) -> Result<Ticket, (Lease, String)> {
     let lease = Lease {
         topic: topic.clone(),
@@ -49,10 +57,27 @@ pub(crate) fn ticket(topic: &Topic, job: &ReservedJob) -> Result<Ticket, (Lease,
         Some(Ok(schedule)) => Some(schedule),
         Some(Err(err)) => return Err((lease, format!("unreadable schedule spec: {err}"))),
     };
+    let jitter_ms = match &schedule {
+        Some(_) => decode_meta(&job.meta).map_or(0, |props| jitter_of(&props)),
+        None => 0,
+    };
+    let delay = match &schedule {
+        Some(schedule) if jitter_ms > 0 => {
+            schedule.occurrence_delay(topic.as_str(), &job.id, job.due_at, jitter_ms)
+        }
+        _ => 0,
+    };
+    let jittered = job.due_at.saturating_add(i64::try_from(delay).unwrap_or(0));
     Ok(Ticket {
         lease,
         schedule,
-        due_at: job.due_at,
+        due_at: if jittered <= job.reserved_at {
+            jittered
+        } else {
+            job.due_at
+        },
+        scheduled_at: job.due_at,
+        jitter_ms,
         attempt: job.attempt,
         note: String::new(),
         expired: None,

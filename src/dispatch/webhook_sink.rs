@@ -125,6 +125,7 @@ impl WebhookSinks {
 
     /// Starts POSTing a reserved job of a target with a free slot; `Err` gives the job
     /// back when there is none (the caller reserved more than [`Self::room`]).
+    #[allow(clippy::result_large_err)] // the job itself comes back, on a rare path
     pub(crate) fn send(
         &self,
         index: usize,
@@ -183,7 +184,8 @@ impl Delivery {
         let outgoing = Outgoing {
             topic: self.topic.as_str(),
             id: &self.job.id,
-            due_at: self.job.due_at,
+            due_at: self.ticket.due_at,
+            scheduled_at: self.ticket.scheduled_at,
             attempt: self.job.attempt,
             body: &self.job.body,
             props: &props,

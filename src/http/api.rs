@@ -106,6 +106,8 @@ pub(super) struct PutQuery {
     every: Option<String>,
     cron: Option<String>,
     tz: Option<String>,
+    /// A series' jitter, ms.
+    jitter: Option<String>,
     /// The job's own URL (a webhook target's `allowed_url_prefixes`).
     url: Option<String>,
     /// ms after the due time: not delivered by then, the job is set aside as expired
@@ -114,7 +116,8 @@ pub(super) struct PutQuery {
 }
 
 /// `PUT /v1/topics/{topic}/jobs/{id}?delay_ms=|at=&mode=replace`: the raw body is the job;
-/// `every=` or `cron=` (+ `tz=`) make it recurring (`super::features::recurrence`).
+/// `every=` or `cron=` (+ `tz=`, `jitter=`) make it recurring
+/// (`super::features::recurrence`).
 pub(super) async fn put_job(
     State(state): State<AppState>,
     PathParams((topic, id)): PathParams<(String, String)>,
@@ -133,6 +136,7 @@ pub(super) async fn put_job(
                 q.every.as_deref(),
                 q.cron.as_deref(),
                 q.tz.as_deref(),
+                q.jitter.as_deref(),
                 explicit.then_some(due),
             )?;
             let expires_after = match q.expires_after.as_deref().map(str::trim) {
@@ -157,8 +161,9 @@ pub(super) async fn put_job(
             crate::targets::check_job_url_for(&state.config.targets, topic.as_str(), url)
                 .map_err(|reason| ApiError::url_not_allowed(format!("url: {reason}")))?;
         }
+        let jitter_ms = recurrence.as_ref().map_or(0, |r| r.jitter_ms);
         let meta = crate::expiry::meta_with_expiry(
-            crate::webhook::meta_with_url(url.as_deref()),
+            crate::webhook::job_meta(url.as_deref(), jitter_ms),
             expires_after,
         );
         let body = read_body(body, state.store.limits().max_body_bytes).await?;

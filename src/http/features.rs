@@ -133,18 +133,27 @@ pub(super) async fn history(
 pub(super) struct Recurrence {
     schedule: Schedule,
     explicit: Option<Due>,
+    /// `jitter` (ms), checked against the schedule; 0 for none.
+    pub(super) jitter_ms: u64,
 }
 
 /// The schedule parameters of a put: `every` (ms or `15m`-style), or `cron` with an
-/// optional `tz`; `None` for a one-shot put. Bad combinations and specs are 400s.
+/// optional `tz` and `jitter` (ms); `None` for a one-shot put. Bad combinations and
+/// specs are 400s.
 pub(super) fn recurrence(
     state: &AppState,
     every: Option<&str>,
     cron: Option<&str>,
     tz: Option<&str>,
+    jitter: Option<&str>,
     explicit: Option<Due>,
 ) -> Result<Option<Recurrence>, ApiError> {
-    for (name, value) in [("every", every), ("cron", cron), ("tz", tz)] {
+    for (name, value) in [
+        ("every", every),
+        ("cron", cron),
+        ("tz", tz),
+        ("jitter", jitter),
+    ] {
         if value == Some("") {
             return Err(ApiError::bad_request(format!(
                 "{name} must not be empty (leave it out for a one-shot job)"
@@ -165,9 +174,26 @@ pub(super) fn recurrence(
         (None, Some(cron), tz) => {
             Schedule::cron(cron, tz).map_err(|e| ApiError::bad_request(format!("cron: {e}")))?
         }
-        (None, None, None) => return Ok(None),
+        (None, None, None) => {
+            return match jitter {
+                Some(_) => Err(ApiError::bad_request(
+                    "jitter is only for a recurring job (give every or cron): a one-shot job has no occurrences to spread",
+                )),
+                None => Ok(None),
+            };
+        }
     };
-    Ok(Some(Recurrence { schedule, explicit }))
+    let jitter_ms = match jitter {
+        None => 0,
+        Some(text) => crate::schedule::parse_jitter(text)
+            .and_then(|ms| schedule.check_jitter(ms))
+            .map_err(|e| ApiError::bad_request(format!("jitter: {e}")))?,
+    };
+    Ok(Some(Recurrence {
+        schedule,
+        explicit,
+        jitter_ms,
+    }))
 }
 
 impl Recurrence {
@@ -199,7 +225,14 @@ impl Recurrence {
             due,
             mode,
         };
-        Ok((state.store.put_recurring(request, spec).await?, body_bytes))
+        let bound = match due {
+            Due::At(first) => self.schedule.jitter_bound(first, self.jitter_ms),
+            Due::Delay(_) => self.jitter_ms,
+        };
+        Ok((
+            state.store.put_jittered(request, spec, bound).await?,
+            body_bytes,
+        ))
     }
 }
 

@@ -51,6 +51,8 @@ pub struct Decoded {
     /// A cron series' first occurrence, found once the server's clock is known:
     /// `Some(x-delay / x-deliver-at as given, if any)`; `None` for anything else.
     cron_start: Option<Option<Due>>,
+    /// `x-redisched-jitter` (ms, checked against the schedule), 0 for none.
+    jitter_ms: u64,
 }
 
 impl Decoded {
@@ -75,6 +77,7 @@ impl Decoded {
             mut op,
             schedule,
             cron_start,
+            jitter_ms,
         } = self;
         if let (Some(start), Some(schedule), Op::Put(put)) = (cron_start, &schedule, &mut op) {
             // The one rule of every face (`Schedule::first_due`): the first match at or
@@ -88,11 +91,24 @@ impl Decoded {
             })?;
             put.due = first;
         }
+        // The first occurrence's delay is bounded by the gap to the next one; put.lua
+        // computes it once it has resolved the due time (an interval's delay, too).
+        let jitter_ms = match (&schedule, &op) {
+            (Some(schedule), Op::Put(put)) if jitter_ms > 0 => match put.due {
+                Due::At(first) => schedule.jitter_bound(first, jitter_ms),
+                Due::Delay(_) => jitter_ms,
+            },
+            _ => 0,
+        };
         let schedule = match &schedule {
             Some(schedule) => Some(schedule.store_spec().map_err(|e| invalid(e.to_string()))?),
             None => None,
         };
-        Ok(Command { op, schedule })
+        Ok(Command {
+            op,
+            schedule,
+            jitter_ms,
+        })
     }
 }
 
@@ -203,6 +219,7 @@ pub fn decode_parts(
             op: Op::Delete { topic, id },
             schedule: None,
             cron_start: None,
+            jitter_ms: 0,
         });
     }
     // Kept in the stored properties as given (dispatch reads it there); checked here so
@@ -216,6 +233,7 @@ pub fn decode_parts(
         header(headers::TZ),
         rules.min_interval_ms,
     )?;
+    let jitter_ms = jitter(header(headers::JITTER), schedule.as_ref())?;
 
     let due = match (header(headers::DELAY), header(headers::DELIVER_AT)) {
         (Some(_), Some(_)) => {
@@ -282,7 +300,44 @@ pub fn decode_parts(
         }),
         schedule,
         cron_start,
+        jitter_ms,
     })
+}
+
+/// `x-redisched-jitter`: ms (an integer, or a numeric string) >= 0, only on a series,
+/// below an interval's length.
+fn jitter(value: Option<&AMQPValue>, schedule: Option<&Schedule>) -> Result<u64, Invalid> {
+    let Some(value) = value else {
+        return Ok(0);
+    };
+    let bad = |e: crate::schedule::ScheduleError| invalid(format!("{}: {e}", headers::JITTER));
+    let ms = match integer(value) {
+        Some(ms) => u64::try_from(ms).map_err(|_| {
+            bad(crate::schedule::ScheduleError::BadJitter {
+                text: ms.to_string(),
+            })
+        })?,
+        None => match text(value) {
+            Some(given) => crate::schedule::parse_jitter(&given).map_err(bad)?,
+            None => {
+                return Err(invalid(format!(
+                    "{} must be an integer number of milliseconds (or a numeric string), got {}",
+                    headers::JITTER,
+                    show(value)
+                )))
+            }
+        },
+    };
+    match schedule {
+        Some(schedule) => schedule.check_jitter(ms).map_err(bad),
+        None if ms == 0 => Ok(0),
+        None => Err(invalid(format!(
+            "{} is only used with {} or {} (a one-shot job has no occurrences to spread)",
+            headers::JITTER,
+            headers::EVERY,
+            headers::CRON
+        ))),
+    }
 }
 
 /// Refuses any `x-redisched-*` header (any case) the bridge does not know.
@@ -302,7 +357,7 @@ fn refuse_unknown_headers(table: &lapin::types::FieldTable) -> Result<(), Invali
     }
     unknown.sort_unstable();
     Err(invalid(format!(
-        "unknown header{} {} (a command may carry {}, {}, {}, {}, {})",
+        "unknown header{} {} (a command may carry {}, {}, {}, {}, {}, {})",
         if unknown.len() == 1 { "" } else { "s" },
         unknown.join(", "),
         headers::OP,
@@ -310,6 +365,7 @@ fn refuse_unknown_headers(table: &lapin::types::FieldTable) -> Result<(), Invali
         headers::EVERY,
         headers::CRON,
         headers::TZ,
+        headers::JITTER,
     )))
 }
 
@@ -913,5 +969,66 @@ mod tests {
             .resolve(NOW)
             .expect("resolved");
         assert_eq!(plain.schedule, None);
+    }
+    #[test]
+    fn a_series_jitter_is_checked_kept_in_meta_and_bounded_for_its_first_occurrence() {
+        let resolve = |headers: &[(&str, AMQPValue)]| {
+            decode_parts("t", &props(headers), b"body", RULES)
+                .and_then(|decoded| decoded.resolve(NOW))
+        };
+        let every = resolve(&[
+            ("x-redisched-every", AMQPValue::LongInt(1000)),
+            ("x-redisched-jitter", AMQPValue::LongInt(500)),
+        ])
+        .expect("accepted");
+        assert_eq!(every.jitter_ms, 500);
+        let Op::Put(put) = &every.op else {
+            panic!("not a put")
+        };
+        let stored = crate::amqp::decode_meta(&put.meta).expect("meta");
+        assert_eq!(
+            crate::amqp::jitter_of(&stored),
+            500,
+            "dispatch reads it there"
+        );
+        let text = resolve(&[
+            ("x-redisched-every", AMQPValue::LongInt(1000)),
+            ("x-redisched-jitter", s("250")),
+        ])
+        .expect("a numeric string");
+        assert_eq!(text.jitter_ms, 250);
+        // Cron: the first occurrence (09:00) is an hour before the next (10:00).
+        let cron = resolve(&[
+            ("x-redisched-cron", s("0 9,10 * * *")),
+            ("x-redisched-jitter", AMQPValue::LongInt(7_200_000)),
+        ])
+        .expect("any jitter suits cron");
+        assert_eq!(cron.jitter_ms, 3_600_000);
+
+        let every_1s = |jitter: AMQPValue| {
+            refused(&[
+                ("x-redisched-every", AMQPValue::LongInt(1000)),
+                ("x-redisched-jitter", jitter),
+            ])
+        };
+        let err = every_1s(AMQPValue::LongInt(1000));
+        assert!(
+            err.contains("x-redisched-jitter") && err.contains("below the interval"),
+            "{err}"
+        );
+        let err = every_1s(AMQPValue::LongInt(-5));
+        assert!(
+            err.contains("x-redisched-jitter") && err.contains("-5"),
+            "{err}"
+        );
+        let err = every_1s(s("soon"));
+        assert!(
+            err.contains("not a number") && err.contains("soon"),
+            "{err}"
+        );
+        let err = every_1s(AMQPValue::Double(1.5));
+        assert!(err.contains("integer number of milliseconds"), "{err}");
+        let err = refused(&[("x-redisched-jitter", AMQPValue::LongInt(500))]);
+        assert!(err.contains("only used with"), "{err}");
     }
 }

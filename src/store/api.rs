@@ -242,17 +242,19 @@ impl Store {
                     PutMode::Replace => "replace",
                 };
                 let spec = command.schedule().map_or("", ScheduleSpec::as_str);
-                // The twelve arguments below: the variable ones as they are, at most 20
-                // digits for each of the four numbers, 16 bytes for the two words.
+                let jitter_ms = command.jitter_ms();
+                // The twelve arguments below (thirteen with a jitter): the variable ones as
+                // they are, at most 20 digits for each number, 16 bytes for the two words.
+                let numbers = if jitter_ms == 0 { 4 } else { 5 };
                 let bytes = put.id.as_str().len()
                     + put.body.len()
                     + put.meta.len()
                     + channel.len()
                     + spec.len()
                     + epoch.len()
-                    + 4 * 20
+                    + numbers * 20
                     + 16;
-                Scripts::call_sized(&scripts.put, &put.topic, keys, 12, bytes)
+                let call = Scripts::call_sized(&scripts.put, &put.topic, keys, 8 + numbers, bytes)
                     .arg(put.id.as_str())
                     .arg(&put.body[..])
                     .arg(&put.meta[..])
@@ -264,7 +266,11 @@ impl Store {
                     .arg(channel)
                     .arg(spec)
                     .arg(self.history_max)
-                    .arg(epoch)
+                    .arg(epoch);
+                match jitter_ms {
+                    0 => call,
+                    jitter => call.arg(jitter),
+                }
             }
             Op::Delete { topic, id } => Scripts::call_with_keys(&scripts.delete, topic, keys)
                 .arg(id.as_str())
@@ -794,6 +800,7 @@ fn decode_batch(script: &'static str, value: Value) -> Result<Batch, StoreError>
             token: u64::try_from(job.int("token")?).unwrap_or(0),
             meta: job.bytes("meta")?,
             body: job.bytes("body")?,
+            reserved_at: now,
             spec: non_empty(&job.bytes("spec")?),
         });
     }

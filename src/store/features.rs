@@ -44,9 +44,22 @@ impl Store {
         request: PutRequest,
         schedule: ScheduleSpec,
     ) -> Result<PutOutcome, StoreError> {
+        self.put_jittered(request, schedule, 0).await
+    }
+
+    /// [`Store::put_recurring`] with a jitter: the first occurrence waits in the
+    /// schedule for a delay in `[0, jitter_ms)` derived from topic, id and its due
+    /// time (`lua/put.lua`; `jitter_ms` is the bound, `Schedule::jitter_bound`).
+    pub async fn put_jittered(
+        &self,
+        request: PutRequest,
+        schedule: ScheduleSpec,
+        jitter_ms: u64,
+    ) -> Result<PutOutcome, StoreError> {
         let command = Command {
             op: Op::Put(request),
             schedule: Some(schedule),
+            jitter_ms,
         };
         let mut results = self.apply_commands(std::slice::from_ref(&command)).await?;
         match results.pop() {

@@ -91,6 +91,8 @@ pub struct ReservedJob {
     /// Opaque bytes forwarded with the job (the bridge stores AMQP properties here).
     pub meta: Vec<u8>,
     pub body: Vec<u8>,
+    /// The server's clock when this job was reserved (the reserve reply's `now`).
+    pub reserved_at: i64,
     /// The schedule spec of a recurring job (`every:<ms>`, `cron:<expr>|<tz>`): release
     /// it with its next occurrence (`Store::release_delivered`). `None`: one-shot.
     ///
@@ -309,6 +311,10 @@ pub(crate) trait StoreCommand {
     fn schedule(&self) -> Option<&ScheduleSpec> {
         None
     }
+    /// The first occurrence's jitter bound (`put.lua`'s `jitter_ms`), 0 for none.
+    fn jitter_ms(&self) -> u64 {
+        0
+    }
 }
 
 impl StoreCommand for Op {
@@ -323,6 +329,10 @@ impl StoreCommand for Op {
 pub struct Command {
     pub op: Op,
     pub schedule: Option<ScheduleSpec>,
+    /// A jittered series: the bound its first occurrence's delay is taken modulo
+    /// (`Schedule::jitter_bound` of the first due time; `put.lua` computes the delay
+    /// once it has resolved that time). 0: none.
+    pub jitter_ms: u64,
 }
 
 impl StoreCommand for Command {
@@ -332,11 +342,18 @@ impl StoreCommand for Command {
     fn schedule(&self) -> Option<&ScheduleSpec> {
         self.schedule.as_ref()
     }
+    fn jitter_ms(&self) -> u64 {
+        self.jitter_ms
+    }
 }
 
 impl From<Op> for Command {
     fn from(op: Op) -> Self {
-        Self { op, schedule: None }
+        Self {
+            op,
+            schedule: None,
+            jitter_ms: 0,
+        }
     }
 }
 
@@ -350,6 +367,9 @@ pub enum NextDue {
     At(i64),
     /// A recurring job whose series ends with this delivery.
     End,
+    /// A jittered series: its next occurrence `at` (kept in the record, the series'
+    /// grid) waits in `scheduled` until `at + delay_ms`.
+    Jittered { at: i64, delay_ms: u64 },
 }
 
 impl NextDue {
@@ -359,6 +379,8 @@ impl NextDue {
             NextDue::OneShot => token.to_string(),
             NextDue::At(next) => format!("{token}@{next}"),
             NextDue::End => format!("{token}@-1"),
+            NextDue::Jittered { at, delay_ms: 0 } => format!("{token}@{at}"),
+            NextDue::Jittered { at, delay_ms } => format!("{token}@{at}+{delay_ms}"),
         }
     }
 }

@@ -30,7 +30,10 @@ const ERROR_BODY_BYTES: usize = 200;
 pub struct Outgoing<'a> {
     pub topic: &'a str,
     pub id: &'a str,
+    /// When it was due (a series occurrence's jittered time).
     pub due_at: i64,
+    /// The occurrence's scheduled time before its jitter (`due_at` when none).
+    pub scheduled_at: i64,
     pub attempt: u32,
     pub body: &'a [u8],
     /// The job's stored AMQP properties (content type, forwarded headers, its URL).
@@ -117,24 +120,9 @@ impl Client {
         (result, started.elapsed())
     }
 
-    async fn try_post(&self, job: &Outgoing<'_>) -> Result<Delivered, Failure> {
-        let name = &self.target.name;
-        let job_url = match job_url(job.props) {
-            Ok(url) => url,
-            Err(reason) => return Err(failure("url", reason)),
-        };
-        let url = self
-            .target
-            .url_for(job_url.as_deref())
-            .map_err(|reason| failure("url", reason))?;
-        let parsed = match job_url {
-            None => self.url.clone(),
-            Some(_) => reqwest::Url::parse(url).map_err(|e| failure("url", e.to_string()))?,
-        };
-        let body = match self.target.body_mode() {
-            BodyMode::Raw => job.body.to_vec(),
-            BodyMode::Seed => seed_body(job),
-        };
+    /// The request's headers: the target's own, the forwarded ones, the job's
+    /// (`x-redisched-*`) and the Standard Webhooks id, timestamp and signature of `body`.
+    fn request_headers(&self, job: &Outgoing<'_>, body: &[u8]) -> HeaderMap {
         let mut request_headers = self.extra.clone();
         if self.target.forward_headers {
             forward(job.props, &mut request_headers);
@@ -157,6 +145,11 @@ impl Client {
             headers::ATTEMPT,
             &job.attempt.to_string(),
         );
+        put(
+            &mut request_headers,
+            headers::SCHEDULED_AT,
+            &job.scheduled_at.to_string(),
+        );
         let msg_id = webhook_id(job.topic, job.id, job.due_at, job.body, job.props);
         let timestamp = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -168,9 +161,31 @@ impl Client {
             &timestamp.to_string(),
         );
         if !self.keys.is_empty() {
-            let signed = signature(&self.keys, &msg_id, timestamp, &body);
+            let signed = signature(&self.keys, &msg_id, timestamp, body);
             put(&mut request_headers, "webhook-signature", &signed);
         }
+        request_headers
+    }
+
+    async fn try_post(&self, job: &Outgoing<'_>) -> Result<Delivered, Failure> {
+        let name = &self.target.name;
+        let job_url = match job_url(job.props) {
+            Ok(url) => url,
+            Err(reason) => return Err(failure("url", reason)),
+        };
+        let url = self
+            .target
+            .url_for(job_url.as_deref())
+            .map_err(|reason| failure("url", reason))?;
+        let parsed = match job_url {
+            None => self.url.clone(),
+            Some(_) => reqwest::Url::parse(url).map_err(|e| failure("url", e.to_string()))?,
+        };
+        let body = match self.target.body_mode() {
+            BodyMode::Raw => job.body.to_vec(),
+            BodyMode::Seed => seed_body(job),
+        };
+        let request_headers = self.request_headers(job, &body);
         let response = self
             .http
             .post(parsed)
@@ -331,17 +346,26 @@ fn redact(url: &str) -> String {
     }
 }
 
-/// The stored meta of a job put through REST or the CLI with its own URL: the
-/// `x-redisched-url` header, as an AMQP producer would have sent it.
-pub fn meta_with_url(url: Option<&str>) -> Vec<u8> {
-    let Some(url) = url else {
-        return Vec::new();
-    };
+/// The stored meta of a job put through REST or the CLI: its own URL
+/// (`x-redisched-url`) and a series' jitter (`x-redisched-jitter`, which dispatch reads
+/// from there), as an AMQP producer would have sent them; empty with neither.
+pub fn job_meta(url: Option<&str>, jitter_ms: u64) -> Vec<u8> {
     let mut table = lapin::types::FieldTable::default();
-    table.insert(
-        URL_HEADER.into(),
-        AMQPValue::LongString(url.as_bytes().to_vec().into()),
-    );
+    if let Some(url) = url {
+        table.insert(
+            URL_HEADER.into(),
+            AMQPValue::LongString(url.as_bytes().to_vec().into()),
+        );
+    }
+    if jitter_ms > 0 {
+        table.insert(
+            headers::JITTER.into(),
+            AMQPValue::LongLongInt(i64::try_from(jitter_ms).unwrap_or(i64::MAX)),
+        );
+    }
+    if table.inner().is_empty() {
+        return Vec::new();
+    }
     crate::amqp::encode_meta(&AMQPProperties::default().with_headers(table))
 }
 
