@@ -227,6 +227,7 @@ async fn replace_shortens_to_500_ms() {
 /// what failed, the summary which cases did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn series_at_or_below_one_second_arrive_on_time_on_their_grid_without_drift() {
+    let _alone = common::timed::alone().await;
     let cases = [
         ("every 100 ms", tokio::spawn(every_100_ms())),
         ("every 500 ms", tokio::spawn(every_500_ms())),
