@@ -22,6 +22,7 @@
 
 mod decode;
 mod job_url;
+mod partitions;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -47,6 +48,7 @@ use crate::store::{
     Applied, Command, DueHints, Op, RejectCode, Rejection, Replication, Store, StoreError,
 };
 pub use decode::{decode, decode_parts, Decoded, Invalid, Rules};
+use partitions::{Lane, DRAIN_IDLE, HANDOVER_FORCE, HANDOVER_QUIET};
 
 #[derive(Debug)]
 pub struct Ingest {
@@ -83,84 +85,6 @@ const ISOLATION_IDLE: Duration = Duration::from_millis(500);
 // redeliver returned messages before newer ones, so by then every command the failed
 // window returned was acked, and a valid command gains at most one delivery per
 // unparseable message met at the normal prefetch.
-
-/// A lane draining a previous topology's queue ends after this long with nothing
-/// arriving and nothing in hand; between looks, the drain waits [`DRAIN_POLL`].
-const DRAIN_IDLE: Duration = Duration::from_secs(1);
-const DRAIN_POLL: Duration = Duration::from_secs(1);
-
-/// One commands queue as ingest consumes it: its name, the store whose fenced writes
-/// use the queue's fence (each command partition has its own), and whether it is a
-/// previous topology's queue being drained.
-struct Lane {
-    queue: String,
-    store: Store,
-    drain: bool,
-    /// A command partition's lane: its number, and which partitions are this bridge's
-    /// share (see [`Ingest::share_out`]).
-    share: Option<(u16, tokio::sync::watch::Receiver<Vec<bool>>)>,
-    /// Its last session ended handing the partition over: the next one hands it over
-    /// again only once it is active (got a delivery), not merely idle, so a waiting
-    /// consumer does not keep reopening its channel.
-    handed_over: std::sync::atomic::AtomicBool,
-}
-
-impl Lane {
-    /// Whether this lane's partition is another bridge's share: then, once it is the
-    /// partition's active consumer, it hands the partition over (see [`HANDOVER_QUIET`]).
-    fn shared_to_another(&self) -> bool {
-        self.share
-            .as_ref()
-            .is_some_and(|(k, owned)| !owned.borrow().get(usize::from(*k)).copied().unwrap_or(true))
-    }
-}
-
-/// How long an ingest announcement lives, and how often each bridge renews it.
-const MEMBER_TTL_MS: u64 = 5_000;
-const MEMBER_REFRESH: Duration = Duration::from_secs(1);
-
-/// A lane that is the active consumer of a partition shared out to another bridge hands
-/// it over (closes its channel and consumes again, behind the other consumers) once it
-/// has nothing in hand and nothing arrived for this long: then no prefetched command goes
-/// back with it, so no command's delivery count grows. ...
-const HANDOVER_QUIET: Duration = Duration::from_millis(200);
-/// ... and if the partition is never that quiet, after this long: it stops taking
-/// deliveries, finishes the batches in hand, and closes; the commands prefetched then
-/// go back to the queue (one delivery more each, towards `amqp.delivery_limit`).
-const HANDOVER_FORCE: Duration = Duration::from_secs(10);
-
-/// This process's name among the ingest members: pid and start time.
-fn member_name() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("{}-{:x}", std::process::id(), nanos)
-}
-
-/// Which of the partitions are `me`'s share among `members`: each goes to the member
-/// with the highest hash of (member, partition). A stable hash (FNV-1a, then a
-/// finaliser), so every bridge, whatever its build, computes the same shares.
-fn shared_out(members: &[String], me: &str, partitions: u16) -> Vec<bool> {
-    fn score(member: &str, k: u16) -> u64 {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in member.bytes().chain(k.to_le_bytes()) {
-            h ^= u64::from(byte);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-        h
-    }
-    (0..partitions)
-        .map(|k| {
-            members
-                .iter()
-                .max_by_key(|m| (score(m, k), m.as_str()))
-                .is_none_or(|owner| owner == me)
-        })
-        .collect()
-}
 
 /// Batches sent to Redis before the first of them came back: the next batch is applied
 /// while the previous one is still in Redis or being acked, which hides a round trip
@@ -345,190 +269,8 @@ impl Ingest {
             };
             return self.run_lane(connection, &shutdown, &lane).await;
         }
-        // The partitions are shared out among the bridges announced in the store
-        // (rendezvous hashing: each partition to the member whose hash with it is
-        // highest, so a bridge joining or leaving moves only its own share). Until the
-        // first announcement this bridge counts as owning every partition.
-        let member = member_name();
-        let (owned_tx, owned) = tokio::sync::watch::channel(vec![true; usize::from(partitions)]);
-        let lanes: Vec<Lane> = (0..partitions)
-            .map(|k| Lane {
-                queue: amqp::partition_queue(&self.config.amqp, k),
-                store: self.store.for_partition(k),
-                drain: false,
-                share: Some((k, owned.clone())),
-                handed_over: Default::default(),
-            })
-            .collect();
-        let consuming = futures_util::future::try_join_all(
-            lanes
-                .iter()
-                .map(|lane| self.run_partition(connection, &shutdown, lane)),
-        );
-        let result = tokio::select! {
-            result = consuming => result.map(|_| ()),
-            () = self.share_out(&member, partitions, owned_tx) => Ok(()),
-        };
-        // Best effort: the others take this bridge's share at once, not when it expires
-        // (its announcement lapses by itself if this fails).
-        match tokio::time::timeout(Duration::from_secs(1), self.store.leave_ingest(&member)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::debug!(%error, "could not withdraw from the ingest members"),
-            Err(_) => tracing::debug!("withdrawing from the ingest members timed out"),
-        }
-        result
-    }
-
-    /// Announces this bridge's ingest every [`MEMBER_REFRESH`] and publishes which
-    /// partitions are its share among the members announced; runs until dropped.
-    async fn share_out(
-        &self,
-        member: &str,
-        partitions: u16,
-        owned: tokio::sync::watch::Sender<Vec<bool>>,
-    ) {
-        let mut bridges = 0;
-        loop {
-            match self.store.ingest_members(member, MEMBER_TTL_MS).await {
-                Ok(members) => {
-                    let share = shared_out(&members, member, partitions);
-                    if members.len() != bridges || *owned.borrow() != share {
-                        bridges = members.len();
-                        let mine = share.iter().filter(|o| **o).count();
-                        tracing::info!(
-                            bridges,
-                            partitions,
-                            mine,
-                            "command partitions shared out anew"
-                        );
-                    }
-                    owned.send_if_modified(|current| {
-                        if *current == share {
-                            return false;
-                        }
-                        *current = share;
-                        true
-                    });
-                }
-                Err(err) => {
-                    tracing::debug!(error = %err, "could not announce this bridge's ingest; the partitions stay shared out as they were");
-                }
-            }
-            tokio::time::sleep(MEMBER_REFRESH).await;
-        }
-    }
-
-    /// One partition's lane until shutdown: a session that ended without an error (it
-    /// was fenced, or gave a batch up) consumes again on a new channel, so the other
-    /// partitions this bridge holds are not handed over with it; an error ends them all.
-    async fn run_partition(
-        &self,
-        connection: &Connection,
-        shutdown: &CancellationToken,
-        lane: &Lane,
-    ) -> Result<(), AmqpError> {
-        while !shutdown.is_cancelled() {
-            self.run_lane(connection, shutdown, lane).await?;
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-            }
-        }
-        Ok(())
-    }
-
-    /// The queues of the previous topology, after unbinding them from the commands
-    /// exchange (so they receive no new command): the one commands queue when this
-    /// bridge is partitioned, the partitions when not. The store records the count
-    /// ingest last switched to (see [`Ingest::run`]), so a bridge whose count matches it
-    /// probes nothing. A count that changed between two values above 1 cannot keep a
-    /// job's order (both topologies use the same queue names): refused, go through 1.
-    async fn previous_topology(&self, connection: &Connection) -> Result<Vec<Lane>, AmqpError> {
-        let cfg = &self.config.amqp;
-        let partitions = cfg.command_partitions;
-        let recorded = self.store.command_partitions().await.map_err(store_error)?;
-        if recorded == partitions {
-            return Ok(Vec::new());
-        }
-        if partitions > 1 {
-            if recorded > 1 {
-                return Err(AmqpError::Topology(format!(
-                    "amqp.command_partitions = {partitions} but this deployment's commands are partitioned {recorded} ways: change the count through amqp.command_partitions = 1 (README, Order)"
-                )));
-            }
-            if amqp::queue_state(connection, &cfg.commands_queue)
-                .await?
-                .is_none()
-            {
-                return Ok(Vec::new());
-            }
-            amqp::unbind_commands(connection, cfg, false).await?;
-            return Ok(vec![Lane {
-                queue: cfg.commands_queue.clone(),
-                store: self.store.clone(),
-                drain: true,
-                share: None,
-                handed_over: Default::default(),
-            }]);
-        }
-        amqp::unbind_commands(connection, cfg, true).await?;
-        Ok((0..recorded)
-            .map(|k| Lane {
-                queue: amqp::partition_queue(cfg, k),
-                store: self.store.for_partition(k),
-                drain: true,
-                share: None,
-                handed_over: Default::default(),
-            })
-            .collect())
-    }
-
-    /// Drains a queue of the previous topology: consumes it (a lane that ends once idle)
-    /// while it holds commands nobody consumes, and deletes it once two looks
-    /// [`DRAIN_POLL`] apart found it with no ready command and no consumer. A command
-    /// handed to a consumer and not yet acked keeps that consumer in the queue (and goes
-    /// back to ready if the consumer goes), so then every command it held was applied
-    /// and acked before this bridge consumes the new topology. While another bridge
-    /// still consumes it (one configured the old way), it waits.
-    async fn drain(
-        &self,
-        connection: &Connection,
-        shutdown: &CancellationToken,
-        lane: &Lane,
-    ) -> Result<(), AmqpError> {
-        let mut waiting_logged = false;
-        let mut empty_looks = 0;
-        while !shutdown.is_cancelled() {
-            let Some((ready, consumers)) = amqp::queue_state(connection, &lane.queue).await? else {
-                return Ok(());
-            };
-            if consumers == 0 && ready > 0 {
-                empty_looks = 0;
-                tracing::info!(queue = %lane.queue, ready, "applying the commands left in the previous topology's queue before consuming the new one");
-                self.run_lane(connection, shutdown, lane).await?;
-                continue;
-            }
-            if consumers == 0 && ready == 0 {
-                empty_looks += 1;
-                if empty_looks >= 2 {
-                    amqp::delete_queue(connection, &lane.queue).await?;
-                    tracing::info!(queue = %lane.queue, "the previous topology's commands queue is drained; deleted it");
-                    return Ok(());
-                }
-            } else {
-                empty_looks = 0;
-                if !waiting_logged {
-                    tracing::warn!(queue = %lane.queue, ready, partitions = self.config.amqp.command_partitions,
-                        "amqp.command_partitions changed: waiting for the previous topology's commands queue to drain (another bridge still consumes it) before consuming the new one; new commands wait in the new queues meanwhile");
-                    waiting_logged = true;
-                }
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = tokio::time::sleep(DRAIN_POLL) => {}
-            }
-        }
-        Ok(())
+        self.run_partitioned(connection, &shutdown, partitions)
+            .await
     }
 
     /// One queue's lane (see [`Ingest::run`]): consumes until shutdown, a broker error,
@@ -1241,45 +983,5 @@ fn outcome_name(outcome: &Outcome) -> &'static str {
         Outcome::PrefixDeleted(0) => "not_found",
         Outcome::PrefixDeleted(_) => "deleted",
         Outcome::Invalid(_) => "invalid",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::shared_out;
-
-    fn owners(members: &[String], partitions: u16) -> Vec<usize> {
-        (0..partitions)
-            .map(|k| {
-                let owning: Vec<usize> = members
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, m)| shared_out(members, m, partitions)[usize::from(k)])
-                    .map(|(i, _)| i)
-                    .collect();
-                assert_eq!(owning.len(), 1, "partition {k} owned by {owning:?}");
-                owning[0]
-            })
-            .collect()
-    }
-
-    #[test]
-    fn every_partition_has_exactly_one_owner_and_a_new_member_takes_only_its_share() {
-        let members: Vec<String> = (0..3).map(|i| format!("bridge-{i}")).collect();
-        let before = owners(&members, 64);
-        for i in 0..3 {
-            let share = before.iter().filter(|o| **o == i).count();
-            assert!((8..=40).contains(&share), "bridge {i} owns {share} of 64");
-        }
-        let mut more = members.clone();
-        more.push("bridge-3".into());
-        let after = owners(&more, 64);
-        for (k, (b, a)) in before.iter().zip(&after).enumerate() {
-            assert!(a == b || *a == 3, "partition {k} moved from {b} to {a}");
-        }
-        assert!(after.contains(&3), "the new member got nothing");
-        // A member alone owns everything; no member: everything counts as one's own.
-        assert!(shared_out(&members[..1], &members[0], 8).iter().all(|o| *o));
-        assert!(shared_out(&[], "anyone", 8).iter().all(|o| *o));
     }
 }
