@@ -27,26 +27,19 @@ pub fn parse_ms(name: &str, text: &str) -> Result<u64, ExpiryError> {
 /// The header's value: an integer of any AMQP width, or a numeric string.
 pub fn from_header(value: &AMQPValue) -> Result<u64, ExpiryError> {
     let name = headers::EXPIRES_AFTER;
-    let ms: i128 = match value {
-        AMQPValue::ShortShortInt(v) => i128::from(*v),
-        AMQPValue::ShortShortUInt(v) => i128::from(*v),
-        AMQPValue::ShortInt(v) => i128::from(*v),
-        AMQPValue::ShortUInt(v) => i128::from(*v),
-        AMQPValue::LongInt(v) => i128::from(*v),
-        AMQPValue::LongUInt(v) => i128::from(*v),
-        AMQPValue::LongLongInt(v) => i128::from(*v),
+    if let Some(ms) = crate::amqp::integer(value) {
+        return check_ms(name, i128::from(ms));
+    }
+    match value {
         AMQPValue::LongString(s) => match std::str::from_utf8(s.as_bytes()) {
-            Ok(text) => return parse_ms(name, text),
-            Err(_) => return Err(ExpiryError(format!("{name} is not UTF-8 text"))),
+            Ok(text) => parse_ms(name, text),
+            Err(_) => Err(ExpiryError(format!("{name} is not UTF-8 text"))),
         },
-        AMQPValue::ShortString(s) => return parse_ms(name, s.as_str()),
-        other => {
-            return Err(ExpiryError(format!(
+        AMQPValue::ShortString(s) => parse_ms(name, s.as_str()),
+        other => Err(ExpiryError(format!(
             "{name} must be an integer number of milliseconds (or a numeric string), got {other:?}"
-        )))
-        }
-    };
-    check_ms(name, ms)
+        ))),
+    }
 }
 
 /// The job's own expiry from its stored properties: `None` when it names none, `Err`

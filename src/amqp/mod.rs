@@ -15,8 +15,8 @@ use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 
 use crate::config::AmqpConfig;
 pub use properties::{
-    decode_meta, encode_meta, forwardable, jitter_of, job_id, outgoing_properties, too_deep,
-    with_plugin_delay, MAX_HEADER_DEPTH,
+    decode_meta, encode_meta, forwardable, integer, jitter_of, job_id, outgoing_properties,
+    too_deep, with_plugin_delay, MAX_HEADER_DEPTH,
 };
 
 /// The largest frame either connection negotiates (RabbitMQ's default `frame_max`). A

@@ -238,29 +238,40 @@ fn encoded_header_depth(meta: &[u8]) -> Option<usize> {
     }
 }
 
+/// A header holding an integer of any AMQP width, widened; `None` for any other type.
+/// The one reading of integer headers that ingest, expiry and jitter share.
+pub fn integer(value: &AMQPValue) -> Option<i64> {
+    Some(match value {
+        AMQPValue::ShortShortInt(v) => i64::from(*v),
+        AMQPValue::ShortShortUInt(v) => i64::from(*v),
+        AMQPValue::ShortInt(v) => i64::from(*v),
+        AMQPValue::ShortUInt(v) => i64::from(*v),
+        AMQPValue::LongInt(v) => i64::from(*v),
+        AMQPValue::LongUInt(v) => i64::from(*v),
+        AMQPValue::LongLongInt(v) => *v,
+        _ => return None,
+    })
+}
+
 /// The jitter (ms) a series' stored properties carry in `x-redisched-jitter`: an
 /// integer or a numeric string >= 0, as ingest accepted it; `0` for none (or for a
 /// value no release of this bridge would have stored).
 pub fn jitter_of(props: &AMQPProperties) -> u64 {
-    let value = props
+    let Some(value) = props
         .headers()
         .as_ref()
-        .and_then(|t| t.inner().get(headers::JITTER));
-    let ms = match value {
-        Some(AMQPValue::ShortShortInt(v)) => i64::from(*v),
-        Some(AMQPValue::ShortShortUInt(v)) => i64::from(*v),
-        Some(AMQPValue::ShortInt(v)) => i64::from(*v),
-        Some(AMQPValue::ShortUInt(v)) => i64::from(*v),
-        Some(AMQPValue::LongInt(v)) => i64::from(*v),
-        Some(AMQPValue::LongUInt(v)) => i64::from(*v),
-        Some(AMQPValue::LongLongInt(v)) => *v,
-        Some(AMQPValue::LongString(s)) => std::str::from_utf8(s.as_bytes())
+        .and_then(|t| t.inner().get(headers::JITTER))
+    else {
+        return 0;
+    };
+    let ms = integer(value).unwrap_or_else(|| match value {
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes())
             .ok()
             .and_then(|t| t.trim().parse().ok())
             .unwrap_or(0),
-        Some(AMQPValue::ShortString(s)) => s.as_str().trim().parse().unwrap_or(0),
+        AMQPValue::ShortString(s) => s.as_str().trim().parse().unwrap_or(0),
         _ => 0,
-    };
+    });
     u64::try_from(ms).unwrap_or(0)
 }
 

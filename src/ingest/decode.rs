@@ -11,7 +11,9 @@ use lapin::message::Delivery;
 use lapin::types::AMQPValue;
 use lapin::BasicProperties;
 
-use crate::amqp::{encode_meta, forwardable, headers, job_id, too_deep, with_plugin_delay};
+use crate::amqp::{
+    encode_meta, forwardable, headers, integer, job_id, too_deep, with_plugin_delay,
+};
 use crate::job::float_millis;
 use crate::job::{Due, IdPrefix, JobId, PutMode, Topic};
 use crate::schedule::Schedule;
@@ -429,20 +431,6 @@ fn schedule(
         }
         (None, None, None) => Ok(None),
     }
-}
-
-/// An integer header of any AMQP width.
-fn integer(value: &AMQPValue) -> Option<i64> {
-    Some(match value {
-        AMQPValue::ShortShortInt(v) => i64::from(*v),
-        AMQPValue::ShortShortUInt(v) => i64::from(*v),
-        AMQPValue::ShortInt(v) => i64::from(*v),
-        AMQPValue::ShortUInt(v) => i64::from(*v),
-        AMQPValue::LongInt(v) => i64::from(*v),
-        AMQPValue::LongUInt(v) => i64::from(*v),
-        AMQPValue::LongLongInt(v) => *v,
-        _ => return None,
-    })
 }
 
 /// The op name a delivery asks for, for metrics and replies even when it is invalid.
