@@ -192,19 +192,7 @@ async fn a_release_with_a_delay_schedules_the_next_occurrence_late_and_keeps_the
     let batch = store.reserve(&t, 30 * SECOND, 10).await.expect("reserve");
     let token = batch.jobs[0].token;
     let release = redis::Script::new(include_str!("../lua/release.lua"));
-    let keys: Vec<String> = [
-        "scheduled",
-        "reserved",
-        "jobs",
-        "seq",
-        "damaged",
-        "paused",
-        "history",
-        "failing",
-    ]
-    .iter()
-    .map(|k| format!("{}:{{jit.release}}:{k}", store.prefix))
-    .collect();
+    let keys = common::topic_keys(&store.prefix, "jit.release", common::FULL_KEY_NAMES);
     for lease in [
         format!("{token}@{}+x", next + 1_000),
         format!("{token}@{}+", next + 1_000),
@@ -236,19 +224,7 @@ async fn put_lua_refuses_bad_jitter_values_and_writes_nothing() {
     let store = common::test_store().await;
     let mut conn = common::raw_redis();
     let put = redis::Script::new(include_str!("../lua/put.lua"));
-    let keys: Vec<String> = [
-        "scheduled",
-        "reserved",
-        "jobs",
-        "seq",
-        "damaged",
-        "paused",
-        "history",
-        "failing",
-    ]
-    .iter()
-    .map(|k| format!("{}:{{jit.bad}}:{k}", store.prefix))
-    .collect();
+    let keys = common::topic_keys(&store.prefix, "jit.bad", common::FULL_KEY_NAMES);
     for (spec, jitter, reason) in [
         ("", "500", "only for a recurring job"),
         ("every:1000", "-1", "jitter_ms must be"),

@@ -85,19 +85,7 @@ impl Topic {
 
     /// The full key list of lua/README.md, in order.
     fn keys(&self) -> Vec<String> {
-        [
-            "scheduled",
-            "reserved",
-            "jobs",
-            "seq",
-            "damaged",
-            "paused",
-            "history",
-            "failing",
-        ]
-        .iter()
-        .map(|k| self.key(k))
-        .collect()
+        common::topic_keys(&self.prefix, &self.name, common::FULL_KEY_NAMES)
     }
 
     /// The four keys of the version-1 contract.

@@ -43,20 +43,8 @@ impl RawTopic {
 
     /// The full key list plus the ninth, `rate`.
     fn keys(&self, count: usize) -> Vec<String> {
-        [
-            "scheduled",
-            "reserved",
-            "jobs",
-            "seq",
-            "damaged",
-            "paused",
-            "history",
-            "failing",
-            "rate",
-        ][..count]
-            .iter()
-            .map(|k| format!("{}:{{{}}}:{k}", self.prefix, self.name))
-            .collect()
+        let names = common::FULL_KEY_NAMES.into_iter().chain(["rate"]);
+        common::topic_keys(&self.prefix, &self.name, names.take(count))
     }
 
     fn eval(&mut self, source: &str, keys: usize, args: &[&str]) -> redis::RedisResult<Value> {
@@ -863,20 +851,11 @@ fn unlimited_path_cost() {
     let release = redis::Script::new(include_str!("../lua/release.lua"));
     let new_reserve = redis::Script::new(include_str!("../lua/reserve.lua"));
     let old_reserve = redis::Script::new(&old_reserve);
-    let keys: Vec<String> = [
-        "scheduled",
-        "reserved",
-        "jobs",
-        "seq",
-        "damaged",
-        "paused",
-        "history",
-        "failing",
-        "rate",
-    ]
-    .iter()
-    .map(|k| format!("bench:{{t}}:{k}"))
-    .collect();
+    let keys = common::topic_keys(
+        "bench",
+        "t",
+        common::FULL_KEY_NAMES.into_iter().chain(["rate"]),
+    );
     for script in [&put, &release, &new_reserve, &old_reserve] {
         script.prepare_invoke().load(&mut conn).unwrap();
     }

@@ -22,6 +22,31 @@ pub fn amqp_url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
+/// The scripts' full key list (lua/README.md, "Key schema"), spelled out as any other
+/// client of the scripts would: kept apart from the crate's own constant on purpose.
+pub const FULL_KEY_NAMES: [&str; 8] = [
+    "scheduled",
+    "reserved",
+    "jobs",
+    "seq",
+    "damaged",
+    "paused",
+    "history",
+    "failing",
+];
+
+/// `topic`'s keys under `prefix`, by name, in the order given.
+pub fn topic_keys<'a>(
+    prefix: &str,
+    topic: &str,
+    names: impl IntoIterator<Item = &'a str>,
+) -> Vec<String> {
+    names
+        .into_iter()
+        .map(|k| format!("{prefix}:{{{topic}}}:{k}"))
+        .collect()
+}
+
 /// A name no other test (or earlier run) uses: `t<label>-<pid>-<time>-<n>`.
 pub fn unique(label: &str) -> String {
     redisched_testkit::unique(&format!("t{label}"))
