@@ -131,6 +131,17 @@ async fn start_bridges(config: &Config, count: usize) -> Vec<Logged> {
     bridges
 }
 
+/// `count` bridges, each consuming, once every one has seen the partitions shared out
+/// among all `count`.
+async fn start_shared_bridges(config: &Config, count: usize) -> Vec<Logged> {
+    let bridges = start_bridges(config, count).await;
+    let shared = format!("command partitions shared out anew bridges={count}");
+    for bridge in &bridges {
+        bridge.await_log(&shared, Duration::from_secs(30)).await;
+    }
+    bridges
+}
+
 /// The jobs of one run: for each id, `put a` and `replace b` (both far in the
 /// future), then either `replace final-<i>` due soon (even ids) or `delete` (odd
 /// ids). The three commands of an id are published in three rounds over a chunk of
@@ -255,17 +266,9 @@ async fn three_bridges_over_eight_partitions_apply_each_jobs_commands_in_order()
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
     let mut invalid = broker.consume_invalid().await;
-    let mut bridges = start_bridges(&config, 3).await;
     // The partitions are shared out among the three (each bridge announces itself in
     // Redis; a partition held by a bridge it is not shared out to is handed over).
-    for bridge in &bridges {
-        bridge
-            .await_log(
-                "command partitions shared out anew bridges=3",
-                Duration::from_secs(30),
-            )
-            .await;
-    }
+    let mut bridges = start_shared_bridges(&config, 3).await;
 
     let jobs = Sequences::new("p3", 600);
     for chunk in 0..6 {
@@ -306,15 +309,7 @@ async fn a_bridge_killed_while_holding_partitions_loses_and_reorders_nothing() {
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
     let mut invalid = broker.consume_invalid().await;
-    let mut bridges = start_bridges(&config, 3).await;
-    for bridge in &bridges {
-        bridge
-            .await_log(
-                "command partitions shared out anew bridges=3",
-                Duration::from_secs(30),
-            )
-            .await;
-    }
+    let mut bridges = start_shared_bridges(&config, 3).await;
 
     let jobs = Sequences::new("pk", 600);
     jobs.publish(&broker, 0..200).await;
