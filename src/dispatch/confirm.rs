@@ -1,25 +1,93 @@
 //! The AMQP sink's other half: awaits each publish's broker confirm in publish order,
 //! and reports the outcomes to the settle module: acked jobs are released in batches
 //! (one round trip per batch), refused ones handed back with backoff.
+//!
+//! A `basic.return` (the broker found no queue for a `mandatory` publish) carries no
+//! delivery tag: AMQP only promises it arrives before that publish's ack. lapin hands
+//! each return to whichever confirm it resolves next, and resolves the tags of a
+//! multiple-ack in no particular order, so a return may ride on another job's confirm,
+//! earlier or later in the window. Trusting that pairing released unroutable jobs as
+//! delivered (lost) and retried delivered ones. So a return is matched to its job by
+//! the message itself ([`ReturnKey`]), and an acked job is released only once it has
+//! *settled*: [`SETTLE`] after its ack was seen, by when every return that arrived
+//! before that ack has reached some confirm this loop has seen.
 
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lapin::{Confirmation, PublisherConfirm};
-use tokio::sync::mpsc::error::TryRecvError;
+use lapin::message::BasicReturnMessage;
+use lapin::{BasicProperties, Confirmation, PublisherConfirm};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::time::Instant;
 
 use super::settle::{Settler, Ticket};
+use crate::amqp::{headers, integer};
 use crate::log_throttle::LogThrottle;
 
 /// Releases are batched up to this many per round trip.
 const RELEASE_BATCH: usize = 500;
+/// How long an acked job waits before its release, so that a return lapin paired with
+/// a confirm resolved a moment later (the rest of the same multiple-ack, a publish not
+/// yet handed over) is seen first.
+const SETTLE: Duration = Duration::from_millis(5);
+/// A return whose job is not among those in flight after this long matched none: its
+/// job was released before the return was seen (logged as an error).
+const ORPHAN_AFTER: Duration = Duration::from_secs(60);
+
+/// What identifies a published job in the broker's return of it: exchange, routing key
+/// (the topic), message id and the delivery headers of this one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct ReturnKey(u64);
+
+impl ReturnKey {
+    /// The key of a publish of `props` to `exchange` with `routing_key`, computed from
+    /// what the broker returns verbatim.
+    pub(crate) fn of(exchange: &str, routing_key: &str, props: &BasicProperties) -> Self {
+        let mut hasher = DefaultHasher::new();
+        exchange.hash(&mut hasher);
+        routing_key.hash(&mut hasher);
+        props
+            .message_id()
+            .as_ref()
+            .map(|id| id.as_str())
+            .hash(&mut hasher);
+        let table = props.headers().as_ref().map(|t| t.inner());
+        for name in [headers::ATTEMPT, headers::DUE_AT, headers::SCHEDULED_AT] {
+            table
+                .and_then(|t| t.get(name))
+                .and_then(integer)
+                .hash(&mut hasher);
+        }
+        Self(hasher.finish())
+    }
+
+    fn of_returned(returned: &BasicReturnMessage) -> Self {
+        let delivery = &returned.delivery;
+        Self::of(
+            delivery.exchange.as_str(),
+            delivery.routing_key.as_str(),
+            &delivery.properties,
+        )
+    }
+}
 
 pub(crate) struct InFlight {
     pub ticket: Ticket,
+    pub key: ReturnKey,
     pub confirm: PublisherConfirm,
-    /// Returned to the window when the job is released or handed back.
-    pub permit: OwnedSemaphorePermit,
+    /// Returned to the window when the job is released or handed back (none for the
+    /// webhook loop's expired copies, which use no AMQP window).
+    pub permit: Option<OwnedSemaphorePermit>,
+}
+
+/// Acked without a return seen so far; released once settled.
+struct Acked {
+    ticket: Ticket,
+    key: ReturnKey,
+    permit: Option<OwnedSemaphorePermit>,
+    seen: Instant,
 }
 
 pub(crate) struct Confirmer {
@@ -27,93 +95,313 @@ pub(crate) struct Confirmer {
     pub warnings: Arc<LogThrottle>,
 }
 
+/// The confirmer's jobs between confirm and settle.
+#[derive(Default)]
+struct Settling {
+    acked: Vec<Acked>,
+    /// Returns whose job's confirm has not been seen yet.
+    ahead: HashMap<ReturnKey, Ahead>,
+}
+
+/// A return seen before its job's confirm.
+struct Ahead {
+    reply: String,
+    /// The returned message's routing key and message id, for the log if it stays
+    /// unmatched.
+    topic: String,
+    id: String,
+    seen: Instant,
+}
+
 impl Confirmer {
     /// Runs until the sender is dropped and every publish sent so far is settled.
     pub(super) async fn run(self, mut in_flight: mpsc::UnboundedReceiver<InFlight>) {
-        let mut acked: Vec<(Ticket, OwnedSemaphorePermit)> = Vec::new();
+        let mut settling = Settling::default();
         loop {
-            let next = if acked.is_empty() {
-                in_flight.recv().await
-            } else {
-                match in_flight.try_recv() {
-                    Ok(flight) => Some(flight),
-                    Err(TryRecvError::Empty) => {
-                        self.release(&mut acked).await;
-                        continue;
+            let next = match settling.acked.first() {
+                None => in_flight.recv().await,
+                Some(oldest) => {
+                    let settled_at = oldest.seen + SETTLE;
+                    tokio::select! {
+                        biased;
+                        next = in_flight.recv() => next,
+                        () = tokio::time::sleep_until(settled_at) => {
+                            self.release_settled(&mut settling, Instant::now()).await;
+                            continue;
+                        }
                     }
-                    Err(TryRecvError::Disconnected) => None,
                 }
             };
-            let Some(InFlight {
-                ticket,
-                confirm,
-                permit,
-            }) = next
-            else {
+            let Some(flight) = next else {
                 break;
             };
-            let confirmation = confirm.await;
-            let metrics = &self.settler.metrics;
-            metrics.publishes_in_flight.dec();
-            let lease = &ticket.lease;
-            let backoff = self.settler.retry_delay(ticket.attempt);
-            match confirmation {
-                Ok(Confirmation::Ack(None)) => {
-                    acked.push((ticket, permit));
-                    if acked.len() >= RELEASE_BATCH {
-                        self.release(&mut acked).await;
-                    }
-                }
-                Ok(Confirmation::Ack(Some(returned))) => {
-                    metrics.unroutable_returns.inc();
-                    if self.warnings.admit(
-                        lease.topic.as_str(),
-                        "unroutable jobs retried",
-                        returned.reply_text.as_str(),
-                    ) {
-                        tracing::warn!(topic = %lease.topic, id = %lease.id, reply = %returned.reply_text, "job unroutable (no queue bound for its topic); kept and retried");
-                    }
-                    let reason = match ticket.expired {
-                        // The expired exchange has no queue bound for the topic.
-                        Some(_) => format!("expired, and unroutable: {}", returned.reply_text),
-                        None => format!("unroutable: {}", returned.reply_text),
-                    };
-                    self.settler
-                        .fail(lease, backoff, "unroutable", &reason)
-                        .await;
-                }
-                Ok(Confirmation::Nack(_)) => {
-                    if self
-                        .warnings
-                        .admit(lease.topic.as_str(), "nacked jobs retried", "nack")
-                    {
-                        tracing::warn!(topic = %lease.topic, id = %lease.id, "broker nacked a job; kept and retried");
-                    }
-                    self.settler.fail(lease, backoff, "nack", "nack").await;
-                }
-                Ok(Confirmation::NotRequested) | Err(_) => {
-                    // The channel died before the broker answered: the job may or may
-                    // not be queued. Making it due again now risks a duplicate, never
-                    // a loss.
-                    let reason = match &confirmation {
-                        Err(err) => format!("channel error: {err}"),
-                        _ => "channel error: no publisher confirm".to_owned(),
-                    };
-                    self.settler
-                        .fail(lease, Duration::ZERO, "error", &reason)
-                        .await;
-                }
+            self.settle_one(flight, &mut settling).await;
+            if settling.acked.len() >= RELEASE_BATCH {
+                self.release_settled(&mut settling, Instant::now()).await;
             }
         }
-        self.release(&mut acked).await;
+        // No publish is left to carry a return: what is acked is delivered.
+        let far = Instant::now() + SETTLE + ORPHAN_AFTER;
+        self.release_settled(&mut settling, far).await;
     }
 
-    /// Releases the acked jobs; their window permits return only afterwards.
-    async fn release(&self, acked: &mut Vec<(Ticket, OwnedSemaphorePermit)>) {
-        // Moved out, not cloned (a ticket holds the job's topic, id and note); the
-        // permits are held until the release returned.
-        let (tickets, permits): (Vec<Ticket>, Vec<OwnedSemaphorePermit>) = acked.drain(..).unzip();
-        self.settler.release(&tickets).await;
-        drop(permits);
+    /// Awaits one publish's confirm and files its job: acked (to settle), or failed.
+    async fn settle_one(&self, flight: InFlight, settling: &mut Settling) {
+        let InFlight {
+            ticket,
+            key,
+            confirm,
+            permit,
+        } = flight;
+        let confirmation = confirm.await;
+        self.settler.metrics.publishes_in_flight.dec();
+        let backoff = self.settler.retry_delay(ticket.attempt);
+        match confirmation {
+            Ok(Confirmation::Ack(returned)) => {
+                let own = self.file_return(returned, key, settling).await;
+                match own.or_else(|| settling.ahead.remove(&key).map(|ahead| ahead.reply)) {
+                    Some(reply) => self.unroutable(&ticket, &reply).await,
+                    None => settling.acked.push(Acked {
+                        ticket,
+                        key,
+                        permit,
+                        seen: Instant::now(),
+                    }),
+                }
+            }
+            Ok(Confirmation::Nack(returned)) => {
+                // A nack fails the job whatever its return says; another's still counts.
+                self.file_return(returned, key, settling).await;
+                settling.ahead.remove(&key);
+                let lease = &ticket.lease;
+                if self
+                    .warnings
+                    .admit(lease.topic.as_str(), "nacked jobs retried", "nack")
+                {
+                    tracing::warn!(topic = %lease.topic, id = %lease.id, "broker nacked a job; kept and retried");
+                }
+                self.settler.fail(lease, backoff, "nack", "nack").await;
+            }
+            Ok(Confirmation::NotRequested) | Err(_) => {
+                // The channel died before the broker answered: the job may or may
+                // not be queued. Making it due again now risks a duplicate, never
+                // a loss.
+                let reason = match &confirmation {
+                    Err(err) => format!("channel error: {err}"),
+                    _ => "channel error: no publisher confirm".to_owned(),
+                };
+                self.settler
+                    .fail(&ticket.lease, Duration::ZERO, "error", &reason)
+                    .await;
+            }
+        }
+    }
+
+    /// Files a return that came with the confirm of the publish keyed `own`: its reply
+    /// text if it is that publish's; else it fails the acked job it belongs to, or is
+    /// kept for a confirm still to come.
+    async fn file_return(
+        &self,
+        returned: Option<BasicReturnMessage>,
+        own: ReturnKey,
+        settling: &mut Settling,
+    ) -> Option<String> {
+        let returned = returned?;
+        self.settler.metrics.unroutable_returns.inc();
+        let delivery = &returned.delivery;
+        let ahead = Ahead {
+            reply: returned.reply_text.to_string(),
+            topic: delivery.routing_key.to_string(),
+            id: delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.to_string())
+                .unwrap_or_default(),
+            seen: Instant::now(),
+        };
+        match settling.file(ReturnKey::of_returned(&returned), own, ahead) {
+            Filed::Own(reply) => Some(reply),
+            Filed::Acked(acked, reply) => {
+                self.unroutable(&acked.ticket, &reply).await;
+                None
+            }
+            Filed::Ahead => None,
+        }
+    }
+
+    /// A job the broker returned: kept, its failure recorded, retried with backoff.
+    async fn unroutable(&self, ticket: &Ticket, reply: &str) {
+        let lease = &ticket.lease;
+        if self
+            .warnings
+            .admit(lease.topic.as_str(), "unroutable jobs retried", reply)
+        {
+            tracing::warn!(topic = %lease.topic, id = %lease.id, %reply, "job unroutable (no queue bound for its topic); kept and retried");
+        }
+        let reason = match ticket.expired {
+            // The expired exchange has no queue bound for the topic.
+            Some(_) => format!("expired, and unroutable: {reply}"),
+            None => format!("unroutable: {reply}"),
+        };
+        let backoff = self.settler.retry_delay(ticket.attempt);
+        self.settler
+            .fail(lease, backoff, "unroutable", &reason)
+            .await;
+    }
+
+    /// Releases the acked jobs settled by `now` (their window permits return only
+    /// afterwards), and gives up on returns that matched nothing for too long.
+    async fn release_settled(&self, settling: &mut Settling, now: Instant) {
+        let (settled, orphans) = settling.settled(now);
+        if !settled.is_empty() {
+            let (tickets, permits): (Vec<Ticket>, Vec<Option<OwnedSemaphorePermit>>) = settled
+                .into_iter()
+                .map(|acked| (acked.ticket, acked.permit))
+                .unzip();
+            self.settler.release(&tickets).await;
+            drop(permits);
+        }
+        for orphan in orphans {
+            tracing::error!(topic = %orphan.topic, id = %orphan.id, reply = %orphan.reply, "the broker returned a job this bridge had already released as delivered; it may be lost");
+        }
+    }
+}
+
+/// Where a return seen with a confirm belongs.
+enum Filed {
+    /// To the publish whose confirm carried it (its reply text).
+    Own(String),
+    /// To a job acked before, not released yet: taken out, to be failed.
+    Acked(Box<Acked>, String),
+    /// To a publish whose confirm is still to come.
+    Ahead,
+}
+
+impl Settling {
+    fn file(&mut self, key: ReturnKey, own: ReturnKey, ahead: Ahead) -> Filed {
+        if key == own {
+            return Filed::Own(ahead.reply);
+        }
+        match self.acked.iter().position(|acked| acked.key == key) {
+            Some(at) => Filed::Acked(Box::new(self.acked.remove(at)), ahead.reply),
+            None => {
+                self.ahead.insert(key, ahead);
+                Filed::Ahead
+            }
+        }
+    }
+
+    /// The acked jobs settled by `now`, taken out in ack order, and the returns kept
+    /// ahead for [`ORPHAN_AFTER`] that no confirm claimed.
+    fn settled(&mut self, now: Instant) -> (Vec<Acked>, Vec<Ahead>) {
+        let settled = self
+            .acked
+            .partition_point(|acked| acked.seen + SETTLE <= now);
+        let released = self.acked.drain(..settled).collect();
+        let orphaned: Vec<ReturnKey> = self
+            .ahead
+            .iter()
+            .filter(|(_, ahead)| ahead.seen + ORPHAN_AFTER <= now)
+            .map(|(key, _)| *key)
+            .collect();
+        let orphans = orphaned
+            .iter()
+            .filter_map(|key| self.ahead.remove(key))
+            .collect();
+        (released, orphans)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::Topic;
+    use crate::store::Lease;
+
+    fn acked(n: u64, seen: Instant) -> Acked {
+        Acked {
+            ticket: Ticket {
+                lease: Lease {
+                    topic: Topic::new("t").unwrap(),
+                    id: format!("job-{n}"),
+                    token: n,
+                },
+                schedule: None,
+                due_at: 0,
+                scheduled_at: 0,
+                jitter_ms: 0,
+                attempt: 1,
+                note: String::new(),
+                expired: None,
+            },
+            key: ReturnKey(n),
+            permit: None,
+            seen,
+        }
+    }
+
+    fn returned(reply: &str, seen: Instant) -> Ahead {
+        Ahead {
+            reply: reply.into(),
+            topic: "t".into(),
+            id: "x".into(),
+            seen,
+        }
+    }
+
+    #[test]
+    fn a_return_finds_its_job_whichever_confirm_carries_it() {
+        let now = Instant::now();
+        let mut settling = Settling::default();
+        // Its own confirm.
+        let own = settling.file(ReturnKey(1), ReturnKey(1), returned("NO_ROUTE", now));
+        assert!(matches!(own, Filed::Own(reply) if reply == "NO_ROUTE"));
+        // A later job's confirm: the acked job is taken out, to be failed.
+        settling.acked.push(acked(2, now));
+        settling.acked.push(acked(3, now));
+        let later = settling.file(ReturnKey(2), ReturnKey(4), returned("NO_ROUTE", now));
+        assert!(matches!(later, Filed::Acked(job, _) if job.ticket.lease.id == "job-2"));
+        assert_eq!(settling.acked.len(), 1);
+        // An earlier job's confirm: kept until its own confirm comes.
+        let earlier = settling.file(ReturnKey(5), ReturnKey(3), returned("NO_ROUTE", now));
+        assert!(matches!(earlier, Filed::Ahead));
+        assert!(settling.ahead.contains_key(&ReturnKey(5)));
+    }
+
+    #[test]
+    fn acked_jobs_settle_in_order_and_unclaimed_returns_become_orphans() {
+        let start = Instant::now();
+        let mut settling = Settling::default();
+        settling.acked.push(acked(1, start));
+        settling.acked.push(acked(2, start + SETTLE));
+        settling.file(ReturnKey(9), ReturnKey(1), returned("NO_ROUTE", start));
+        let (released, orphans) = settling.settled(start + SETTLE);
+        assert_eq!(released.len(), 1, "only what settled");
+        assert_eq!(released[0].ticket.lease.id, "job-1");
+        assert!(orphans.is_empty());
+        let (released, orphans) = settling.settled(start + ORPHAN_AFTER);
+        assert_eq!(released.len(), 1);
+        assert_eq!(orphans.len(), 1);
+        assert!(settling.ahead.is_empty() && settling.acked.is_empty());
+    }
+
+    #[test]
+    fn the_key_is_the_one_the_broker_returns_for_one_attempt() {
+        let props = |attempt: i64| {
+            let mut table = lapin::types::FieldTable::default();
+            table.insert(
+                headers::ATTEMPT.into(),
+                lapin::types::AMQPValue::LongLongInt(attempt),
+            );
+            BasicProperties::default()
+                .with_message_id("job-1".into())
+                .with_headers(table)
+        };
+        let key = ReturnKey::of("ready", "t", &props(1));
+        assert_eq!(key, ReturnKey::of("ready", "t", &props(1)));
+        assert_ne!(key, ReturnKey::of("ready", "t", &props(2)));
+        assert_ne!(key, ReturnKey::of("expired", "t", &props(1)));
+        assert_ne!(key, ReturnKey::of("ready", "u", &props(1)));
     }
 }

@@ -8,16 +8,20 @@
 //!
 //! The AMQP loop publishes the copy on its own confirm channel, through its confirm
 //! window like any job. The webhook loop runs without a broker: it borrows the channel
-//! of the AMQP session while one is open, and while none is, hands the job back with
-//! backoff (it expires at its next reservation, once the broker is back).
+//! of the AMQP session while one is open (its confirms go to that session's confirmer,
+//! the one place that can pair the channel's returns with their jobs), and while none
+//! is, hands the job back with backoff (it expires at its next reservation, once the
+//! broker is back).
 
 use std::sync::{Mutex, PoisonError};
 
 use lapin::options::BasicPublishOptions;
 use lapin::protocol::basic::AMQPProperties;
 use lapin::types::{AMQPValue, LongString};
-use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
+use lapin::{BasicProperties, Channel, PublisherConfirm};
+use tokio::sync::mpsc::UnboundedSender;
 
+use super::confirm::{InFlight, ReturnKey};
 use super::settle::{Settler, Ticket};
 use crate::amqp::{headers, outgoing_properties};
 use crate::job::Topic;
@@ -28,8 +32,15 @@ use crate::store::ReservedJob;
 #[derive(Debug, Default)]
 pub struct Expiry {
     policies: Policies,
-    /// The AMQP dispatch session's confirm channel while one is open.
-    channel: Mutex<Option<Channel>>,
+    /// The AMQP dispatch session's confirm channel and confirmer while one is open.
+    session: Mutex<Option<Session>>,
+}
+
+/// What the webhook loop borrows from the AMQP session to set expired jobs aside.
+#[derive(Debug, Clone)]
+pub(crate) struct Session {
+    pub channel: Channel,
+    pub confirms: UnboundedSender<InFlight>,
 }
 
 impl Expiry {
@@ -37,7 +48,7 @@ impl Expiry {
     pub fn new(policies: Policies) -> Self {
         Self {
             policies,
-            channel: Mutex::new(None),
+            session: Mutex::new(None),
         }
     }
 
@@ -76,16 +87,16 @@ impl Expiry {
         crate::expiry::is_expired(due_at, ms, now).then_some(ms)
     }
 
-    pub(crate) fn set_channel(&self, channel: Option<Channel>) {
-        *self.channel.lock().unwrap_or_else(PoisonError::into_inner) = channel;
+    pub(crate) fn set_session(&self, session: Option<Session>) {
+        *self.session.lock().unwrap_or_else(PoisonError::into_inner) = session;
     }
 
-    fn channel(&self) -> Option<Channel> {
-        self.channel
+    fn session(&self) -> Option<Session> {
+        self.session
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
-            .filter(|c| c.status().connected())
+            .filter(|s| s.channel.status().connected())
     }
 
     /// The webhook loop's check of a reserved job: `false` when it is to be POSTed;
@@ -108,10 +119,10 @@ impl Expiry {
         };
         let ticket = mark_expired(ticket.clone(), ms);
         let settler = settler.clone();
-        let channel = self.channel();
+        let session = self.session();
         let (exchange, topic, job) = (exchange.to_owned(), topic.clone(), job.clone());
         tokio::spawn(async move {
-            let Some(channel) = channel else {
+            let Some(session) = session else {
                 tracing::debug!(%topic, id = %job.id, "expired job of a webhook topic: no broker channel to set it aside on; handed back");
                 settler
                     .hand_back(&ticket.lease, settler.retry_delay(job.attempt))
@@ -119,14 +130,21 @@ impl Expiry {
                 return;
             };
             let props = expired_properties(&topic, &job, props, ticket.due_at, ms);
-            let confirmed = match publish(&channel, &exchange, &topic, &job, props).await {
-                Ok(confirm) => confirm.await.ok(),
-                Err(_) => None,
-            };
-            match confirmed {
-                Some(Confirmation::Ack(None)) => settler.release(&[ticket]).await,
-                other => {
-                    tracing::warn!(%topic, id = %job.id, outcome = ?other.map(|c| format!("{c:?}")), "the expired exchange did not take an expired job; handed back");
+            match publish(&session.channel, &exchange, &topic, &job, props).await {
+                Ok((key, confirm)) => {
+                    settler.metrics.publishes_in_flight.inc();
+                    let flight = InFlight {
+                        ticket,
+                        key,
+                        confirm,
+                        permit: None,
+                    };
+                    if session.confirms.send(flight).is_err() {
+                        tracing::warn!(%topic, id = %job.id, "the session's confirmer has stopped; the expired job waits for its requeue");
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(%topic, id = %job.id, %err, "could not set an expired job aside; handed back");
                     settler
                         .hand_back(&ticket.lease, settler.retry_delay(job.attempt))
                         .await;
@@ -168,15 +186,17 @@ pub(crate) fn expired_properties(
     props.with_headers(table)
 }
 
-/// Publishes `job` with `props` to `exchange` (routing key = topic), `mandatory`.
+/// Publishes `job` with `props` to `exchange` (routing key = topic), `mandatory`; the
+/// key its return would carry, and its confirm.
 pub(crate) async fn publish(
     channel: &Channel,
     exchange: &str,
     topic: &Topic,
     job: &ReservedJob,
     props: BasicProperties,
-) -> lapin::Result<PublisherConfirm> {
-    channel
+) -> lapin::Result<(ReturnKey, PublisherConfirm)> {
+    let key = ReturnKey::of(exchange, topic.as_str(), &props);
+    let confirm = channel
         .basic_publish(
             exchange.into(),
             topic.as_str().into(),
@@ -187,7 +207,8 @@ pub(crate) async fn publish(
             &job.body,
             props,
         )
-        .await
+        .await?;
+    Ok((key, confirm))
 }
 
 #[cfg(test)]

@@ -164,10 +164,13 @@ impl Dispatcher {
         shutdown: CancellationToken,
     ) -> Result<(), AmqpError> {
         let channel = amqp::confirm_channel(connection).await?;
-        self.expiry.set_channel(Some(channel.clone()));
         let blocked = watch_blocked(connection, shutdown.clone());
         let window = Arc::new(Semaphore::new(self.config.dispatch.window));
         let (in_flight, confirmed) = mpsc::unbounded_channel();
+        self.expiry.set_session(Some(expiry::Session {
+            channel: channel.clone(),
+            confirms: in_flight.clone(),
+        }));
         let settler = self.settler();
         let confirmer = Confirmer {
             settler: settler.clone(),
@@ -180,6 +183,8 @@ impl Dispatcher {
                 plan, &channel, blocked, &window, &in_flight, &settler, &shutdown,
             )
             .await;
+        // The confirmer ends once every sender is gone, the webhook loop's too.
+        self.expiry.set_session(None);
         drop(in_flight);
         let grace = Duration::from_millis(self.config.dispatch.shutdown_grace_ms);
         if tokio::time::timeout(grace, &mut confirmer).await.is_err() {
@@ -189,7 +194,6 @@ impl Dispatcher {
                 "confirms still pending at the end of the grace period; those jobs stay reserved and are requeued after their time-to-run"
             );
         }
-        self.expiry.set_channel(None);
         amqp::close_quietly("dispatch channel", channel.close(200, "shutdown".into())).await;
         result
     }
@@ -584,12 +588,13 @@ impl Dispatcher {
                     outgoing_properties(topic.as_str(), job, stored, ticket.due_at),
                 ),
             };
-        let confirm = expiry::publish(channel, exchange, topic, job, props).await?;
+        let (key, confirm) = expiry::publish(channel, exchange, topic, job, props).await?;
         self.metrics.publishes_in_flight.inc();
         let flight = InFlight {
             ticket,
+            key,
             confirm,
-            permit,
+            permit: Some(permit),
         };
         // The confirmer only stops after this sender is dropped, so it still listens; were
         // it gone, the job would stay reserved until its TTR requeues it.

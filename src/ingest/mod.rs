@@ -452,7 +452,7 @@ impl Ingest {
                         Some(applied) => {
                             let count = applied.batch.len();
                             // In batch order: replies and set-asides keep command order.
-                            if let Some(last) = self.finish(&side, applied).await? {
+                            if let Some(last) = self.finish(&channel, &side, applied).await? {
                                 last.ack(BasicAckOptions { multiple: true }).await?;
                             }
                             applied_carefully += count;
@@ -655,6 +655,7 @@ impl Ingest {
     /// aside, confirmed; returns the acker of its last delivery. Called in batch order.
     async fn finish(
         &self,
+        replies: &Channel,
         side: &Channel,
         applied: AppliedBatch,
     ) -> Result<Option<Acker>, AmqpError> {
@@ -689,7 +690,7 @@ impl Ingest {
         let mut set_aside: Vec<PublisherConfirm> = Vec::new();
         for (delivery, outcome) in batch.iter().zip(outcomes) {
             self.record(delivery, &outcome);
-            self.reply(side, delivery, &outcome).await;
+            self.reply(replies, delivery, &outcome).await;
             if let Outcome::Invalid(reason) = &outcome {
                 if self.warnings.admit(
                     delivery.routing_key.as_str(),
@@ -895,8 +896,11 @@ impl Ingest {
     }
 
     /// Answers on `reply_to` when the producer asked. Best effort: a lost reply does not
-    /// undo the command, so it is not awaited.
-    async fn reply(&self, side: &Channel, delivery: &Delivery, outcome: &Outcome) {
+    /// undo the command, so it is not confirmed: it goes on the consumer's channel, not
+    /// the confirm channel of the set-asides, where its confirm could take a set-aside's
+    /// return (AMQP returns carry no delivery tag) and the set-aside would pass for
+    /// confirmed.
+    async fn reply(&self, replies: &Channel, delivery: &Delivery, outcome: &Outcome) {
         let Some(reply_to) = delivery.properties.reply_to() else {
             return;
         };
@@ -915,7 +919,7 @@ impl Ingest {
         if let Some(correlation) = delivery.properties.correlation_id() {
             props = props.with_correlation_id(correlation.clone());
         }
-        let published = side
+        let published = replies
             .basic_publish(
                 "".into(),
                 reply_to.clone(),
