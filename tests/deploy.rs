@@ -336,16 +336,34 @@ async fn dashboard_and_rules_name_only_metrics_a_live_bridge_exposes() {
     let broker = Broker::new(&config).await;
     let bridge = InProcess::start(&config);
 
-    // A fresh bridge, nothing scheduled: every family must already be there.
+    // A fresh bridge, nothing scheduled: every family must already be there, but for
+    // the labelled counters a family shows only once it has a series: one job expires
+    // (put while its topic is paused, 1 ms of expiry, then resumed).
+    let store = common::test_store_named(&config.redis.prefix).await;
+    let topic = redisched::job::Topic::new("deploy.expiring").unwrap();
+    store.pause(&topic).await.expect("pause");
+    let expiry = (
+        "x-redisched-expires-after",
+        lapin::types::AMQPValue::LongInt(1),
+    );
+    broker.put(topic.as_str(), "late", b"", &[expiry]).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.resume(&topic).await.expect("resume");
     let client = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     let scrape = loop {
         if let Ok(response) = client.get(format!("{base}/metrics")).send().await {
             if response.status() == 200 {
-                break response.text().await.expect("body");
+                let text = response.text().await.expect("body");
+                if text.contains("redisched_jobs_expired_total{") {
+                    break text;
+                }
             }
         }
-        assert!(Instant::now() < deadline, "no /metrics within 20 s");
+        assert!(
+            Instant::now() < deadline,
+            "no /metrics with the expired job within 20 s"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let mut exposed = BTreeSet::new();
