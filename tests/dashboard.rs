@@ -243,6 +243,33 @@ async fn dashboard_schedules_lists_streams_and_cancels() {
     )
     .await;
 
+    // A series with jitter and expiry through the same form.
+    fill(&client, "#s-topic", "emails").await;
+    fill(&client, "#s-id", "digest").await;
+    fill(&client, "#s-every", "1h").await;
+    fill(&client, "#s-jitter", "10m").await;
+    fill(&client, "#s-expires", "30m").await;
+    client
+        .find(Locator::Css("#s-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(&client, "#jobs tr[data-id='digest']").await;
+    let series = store
+        .get(&topic, &JobId::new("digest").unwrap())
+        .await
+        .unwrap()
+        .expect("a series scheduled through the page");
+    assert!(series.spec.is_some(), "recurring: {series:?}");
+    let meta = redisched::amqp::decode_meta(&series.meta).expect("meta");
+    assert_eq!(redisched::amqp::jitter_of(&meta), 600_000);
+    assert_eq!(
+        redisched::expiry::of_job(&meta).expect("expiry header"),
+        Some(1_800_000)
+    );
+
     // A dispatched job shows up in the live feed.
     state.feed.send(Event::Dispatched {
         topic: "emails".into(),
@@ -296,7 +323,7 @@ async fn dashboard_schedules_lists_streams_and_cancels() {
     )
     .await;
 
-    // Counts in the topics table follow: 3 scheduled now (2 left + the new one).
+    // Counts in the topics table follow: 4 scheduled now (2 left + the two new ones).
     let deadline = Instant::now() + WAIT;
     loop {
         let row = client
@@ -306,12 +333,12 @@ async fn dashboard_schedules_lists_streams_and_cancels() {
             .text()
             .await
             .unwrap();
-        if row.split_whitespace().nth(1) == Some("3") {
+        if row.split_whitespace().nth(1) == Some("4") {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "topic row shows 3 scheduled: {row:?}"
+            "topic row shows 4 scheduled: {row:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -598,13 +625,19 @@ async fn tab_through(client: &Client, presses: usize) -> Vec<(String, bool)> {
     js(client, "document.activeElement && document.activeElement.blur(); window.scrollTo(0, 0); return null;").await;
     let mut seen = Vec::new();
     for _ in 0..presses {
-        client
+        // The page re-renders its tables while it is tabbed through: a focused row
+        // control replaced in between is stale, and the Tab goes to the new one.
+        let mut tries = 0;
+        while let Err(err) = client
             .active_element()
             .await
             .expect("the focused element")
             .send_keys("\u{E004}")
             .await
-            .expect("Tab");
+        {
+            tries += 1;
+            assert!(tries < 5, "Tab: {err:?}");
+        }
         let focused = js(
             client,
             "const a = document.activeElement; const s = getComputedStyle(a); \
@@ -851,7 +884,7 @@ async fn pause_resume_parked_failing_redrive_and_history() {
     // control reachable by keyboard with a visible focus outline.
     let low = js(&client, CONTRAST_CHECK).await;
     assert_eq!(low, json!([]), "text below 4.5:1 contrast");
-    let order = tab_through(&client, 40).await;
+    let order = tab_through(&client, 44).await;
     let labels: Vec<&str> = order.iter().map(|(label, _)| label.as_str()).collect();
     for wanted in [
         "token",
