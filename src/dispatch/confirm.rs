@@ -10,7 +10,9 @@
 //! delivered (lost) and retried delivered ones. So a return is matched to its job by
 //! the message itself ([`ReturnKey`]), and an acked job is released only once it has
 //! *settled*: [`SETTLE`] after its ack was seen, by when every return that arrived
-//! before that ack has reached some confirm this loop has seen.
+//! before that ack has reached some confirm this loop has seen. Releases are batched:
+//! once caught up with the confirms, when every acked job has settled, or when the
+//! oldest has waited [`MAX_HOLD`]; at [`RELEASE_BATCH`] acked jobs at once.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -19,6 +21,7 @@ use std::time::Duration;
 
 use lapin::message::BasicReturnMessage;
 use lapin::{BasicProperties, Confirmation, PublisherConfirm};
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
@@ -32,6 +35,10 @@ const RELEASE_BATCH: usize = 500;
 /// a confirm resolved a moment later (the rest of the same multiple-ack, a publish not
 /// yet handed over) is seen first.
 const SETTLE: Duration = Duration::from_millis(5);
+/// Acked jobs wait for more to join their release (one round trip for many) while
+/// confirms keep coming, but none longer than this: its permit is held meanwhile, and
+/// a series' next occurrence is scheduled only by the release.
+const MAX_HOLD: Duration = Duration::from_millis(25);
 /// A return whose job is not among those in flight after this long matched none: its
 /// job was released before the return was seen (logged as an error).
 const ORPHAN_AFTER: Duration = Duration::from_secs(60);
@@ -118,26 +125,29 @@ impl Confirmer {
     pub(super) async fn run(self, mut in_flight: mpsc::UnboundedReceiver<InFlight>) {
         let mut settling = Settling::default();
         loop {
-            let next = match settling.acked.first() {
-                None => in_flight.recv().await,
-                Some(oldest) => {
-                    let settled_at = oldest.seen + SETTLE;
-                    tokio::select! {
+            let next = match in_flight.try_recv() {
+                Ok(flight) => Some(flight),
+                Err(TryRecvError::Disconnected) => None,
+                // Caught up: wait for the next confirm, or release what has settled.
+                Err(TryRecvError::Empty) => match settling.release_at() {
+                    None => in_flight.recv().await,
+                    Some(at) => tokio::select! {
                         biased;
                         next = in_flight.recv() => next,
-                        () = tokio::time::sleep_until(settled_at) => {
+                        () = tokio::time::sleep_until(at) => {
                             self.release_settled(&mut settling, Instant::now()).await;
                             continue;
                         }
-                    }
-                }
+                    },
+                },
             };
             let Some(flight) = next else {
                 break;
             };
             self.settle_one(flight, &mut settling).await;
-            if settling.acked.len() >= RELEASE_BATCH {
-                self.release_settled(&mut settling, Instant::now()).await;
+            let now = Instant::now();
+            if settling.acked.len() >= RELEASE_BATCH || settling.held_too_long(now) {
+                self.release_settled(&mut settling, now).await;
             }
         }
         // No publish is left to carry a return: what is acked is delivered.
@@ -292,6 +302,19 @@ impl Settling {
         }
     }
 
+    /// When to release once caught up with the confirms: all acked jobs have settled,
+    /// or the oldest has waited [`MAX_HOLD`]; `None` with nothing acked.
+    fn release_at(&self) -> Option<Instant> {
+        let (oldest, newest) = (self.acked.first()?, self.acked.last()?);
+        Some((newest.seen + SETTLE).min(oldest.seen + MAX_HOLD))
+    }
+
+    fn held_too_long(&self, now: Instant) -> bool {
+        self.acked
+            .first()
+            .is_some_and(|oldest| oldest.seen + MAX_HOLD <= now)
+    }
+
     /// The acked jobs settled by `now`, taken out in ack order, and the returns kept
     /// ahead for [`ORPHAN_AFTER`] that no confirm claimed.
     fn settled(&mut self, now: Instant) -> (Vec<Acked>, Vec<Ahead>) {
@@ -384,6 +407,28 @@ mod tests {
         assert_eq!(released.len(), 1);
         assert_eq!(orphans.len(), 1);
         assert!(settling.ahead.is_empty() && settling.acked.is_empty());
+    }
+
+    #[test]
+    fn a_release_waits_for_all_to_settle_but_never_past_the_longest_hold() {
+        let start = Instant::now();
+        let mut settling = Settling::default();
+        assert_eq!(settling.release_at(), None);
+        settling.acked.push(acked(1, start));
+        assert_eq!(settling.release_at(), Some(start + SETTLE));
+        // Acks keep coming: the release waits for the newest to settle ...
+        settling
+            .acked
+            .push(acked(2, start + Duration::from_millis(4)));
+        let newest_settled = start + Duration::from_millis(4) + SETTLE;
+        assert_eq!(settling.release_at(), Some(newest_settled));
+        // ... but not past the oldest's longest hold.
+        settling
+            .acked
+            .push(acked(3, start + MAX_HOLD - Duration::from_millis(1)));
+        assert_eq!(settling.release_at(), Some(start + MAX_HOLD));
+        assert!(!settling.held_too_long(start + MAX_HOLD - Duration::from_millis(1)));
+        assert!(settling.held_too_long(start + MAX_HOLD));
     }
 
     #[test]
