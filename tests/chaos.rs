@@ -28,10 +28,10 @@
 //!   SIGTERM exits 0, no bridge exits on its own, no command is answered `invalid`, and
 //!   no 30 s pass without a reply (else the after-a-delete check would be blind then).
 //!
-//! `cargo test` (and so CI) runs 60 s on the fixed seed twice, one run after the other:
-//! with one commands queue, and with `amqp.command_partitions = 4` (the private node
-//! then enables the consistent-hash exchange plugin); README, *Guarantees*, has the
-//! figures of 30-minute runs.
+//! `cargo test` (and so CI) runs 60 s on the fixed seed with one commands queue; the
+//! same run with `amqp.command_partitions = 4` (the private node then enables the
+//! consistent-hash exchange plugin) is `--ignored` until partitioned ingest keeps the
+//! promise under faults; README, *Guarantees*, has the figures of 30-minute runs.
 //! The seed is `CHAOS_SEED` (`random` for a random one), else [`DEFAULT_SEED`], printed
 //! first and after any failure with the command that reruns it. The seed
 //! fixes the fault schedule (kinds, times, durations, which bridge and link) and the producers' choices. What it cannot fix is timing (thread
@@ -1161,7 +1161,11 @@ async fn seeded_chaos_keeps_the_promise() {
 /// The same run with commands spread over four partitions (consistent-hash exchange,
 /// four single-active-consumer queues shared out among the three bridges): a fault
 /// moves partitions between bridges, and each job's commands must still apply in order.
+/// Not in the default run: it does not keep the promise yet (README, *Guarantees*: a
+/// 30-minute run lost 5 replaces and delivered one job after its delete, a 10-minute run
+/// applied a put after the later delete of its id); the 60 s of the CI seed pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "partitioned ingest reorders a job's commands under faults (README, Guarantees); run with --ignored"]
 async fn seeded_chaos_with_partitions_keeps_the_promise() {
     let _turn = ONE_RUN_AT_A_TIME.lock().await;
     chaos(Run::from_env(4)).await;

@@ -452,7 +452,7 @@ impl Ingest {
                         Some(applied) => {
                             let count = applied.batch.len();
                             // In batch order: replies and set-asides keep command order.
-                            if let Some(last) = self.finish(&channel, &side, applied).await? {
+                            if let Some(last) = self.finish(&side, applied).await? {
                                 last.ack(BasicAckOptions { multiple: true }).await?;
                             }
                             applied_carefully += count;
@@ -580,8 +580,11 @@ impl Ingest {
             .collect();
         let sent = Instant::now();
         let (results, replication) = self
-            .until_done(shutdown, channel, || self.apply(store, &ops, epoch))
-            .await?;
+            .until_done(shutdown, channel, || {
+                self.apply(store, channel, &ops, epoch)
+            })
+            .await
+            .flatten()?;
         if let Some(fenced) = first_fenced(&results) {
             // Another bridge took over these commands' topics (our deliveries went back
             // to the broker): end the session, acking nothing; what this batch applied
@@ -626,9 +629,12 @@ impl Ingest {
                 } else {
                     None
                 };
+                if used.is_some() && !still_ours(channel) {
+                    return Ok(None);
+                }
                 match store.delete_prefix(&topic, &prefix, used).await {
-                    Ok(n) => Ok(Ok(n)),
-                    Err(StoreError::Rejected(rejection)) => Ok(Err(rejection)),
+                    Ok(n) => Ok(Some(Ok(n))),
+                    Err(StoreError::Rejected(rejection)) => Ok(Some(Err(rejection))),
                     Err(err) => {
                         if let Some(used) = used {
                             epoch.expire(used).await;
@@ -637,7 +643,8 @@ impl Ingest {
                     }
                 }
             })
-            .await?;
+            .await
+            .flatten()?;
         match outcome {
             Ok(n) => {
                 tracing::info!(%topic, id_prefix = %prefix, deleted = n, "jobs cancelled by id prefix");
@@ -655,7 +662,6 @@ impl Ingest {
     /// aside, confirmed; returns the acker of its last delivery. Called in batch order.
     async fn finish(
         &self,
-        replies: &Channel,
         side: &Channel,
         applied: AppliedBatch,
     ) -> Result<Option<Acker>, AmqpError> {
@@ -690,7 +696,7 @@ impl Ingest {
         let mut set_aside: Vec<PublisherConfirm> = Vec::new();
         for (delivery, outcome) in batch.iter().zip(outcomes) {
             self.record(delivery, &outcome);
-            self.reply(replies, delivery, &outcome).await;
+            self.reply(side, delivery, &outcome).await;
             if let Outcome::Invalid(reason) = &outcome {
                 if self.warnings.admit(
                     delivery.routing_key.as_str(),
@@ -719,23 +725,29 @@ impl Ingest {
     /// single active consumer (with several active consumers order is not promised,
     /// and they would fence each other); with `redis.wait_replicas`, says what the
     /// replicas confirmed.
+    ///
+    /// `Ok(None)`: not applied, because `channel` closed while the epoch was taken.
     async fn apply(
         &self,
         store: &Store,
+        channel: &Channel,
         ops: &[Command],
         epoch: &Epoch,
-    ) -> Result<(Vec<Result<Applied, Rejection>>, Replication), StoreError> {
+    ) -> Result<Option<(Vec<Result<Applied, Rejection>>, Replication)>, StoreError> {
         if !self.config.amqp.single_active_consumer {
-            return store.apply_durably(ops, None).await;
+            return store.apply_durably(ops, None).await.map(Some);
         }
         let used = epoch.get(store).await?;
+        if !still_ours(channel) {
+            return Ok(None);
+        }
         let result = store.apply_durably(ops, Some(used)).await;
         if result.is_err() {
             // The request may still reach Redis later over the old connection: the
             // retry writes with a newer epoch, so that late arrival is refused.
             epoch.expire(used).await;
         }
-        result
+        result.map(Some)
     }
 
     /// Retries a store call while Redis is unreachable: a command is never acked before
@@ -852,8 +864,11 @@ impl Ingest {
                         .await
                 }
                 None => match self
-                    .until_done(shutdown, channel, || self.apply(store, commands, epoch))
+                    .until_done(shutdown, channel, || {
+                        self.apply(store, channel, commands, epoch)
+                    })
                     .await
+                    .flatten()
                 {
                     Some((results, _)) if first_fenced(&results).is_some() => {
                         tracing::warn!("this ingest session was superseded while its batch waited for replicas; reconnecting");
@@ -896,11 +911,8 @@ impl Ingest {
     }
 
     /// Answers on `reply_to` when the producer asked. Best effort: a lost reply does not
-    /// undo the command, so it is not confirmed: it goes on the consumer's channel, not
-    /// the confirm channel of the set-asides, where its confirm could take a set-aside's
-    /// return (AMQP returns carry no delivery tag) and the set-aside would pass for
-    /// confirmed.
-    async fn reply(&self, replies: &Channel, delivery: &Delivery, outcome: &Outcome) {
+    /// undo the command, so it is not awaited.
+    async fn reply(&self, side: &Channel, delivery: &Delivery, outcome: &Outcome) {
         let Some(reply_to) = delivery.properties.reply_to() else {
             return;
         };
@@ -919,7 +931,7 @@ impl Ingest {
         if let Some(correlation) = delivery.properties.correlation_id() {
             props = props.with_correlation_id(correlation.clone());
         }
-        let published = replies
+        let published = side
             .basic_publish(
                 "".into(),
                 reply_to.clone(),
@@ -969,6 +981,16 @@ fn store_error(err: StoreError) -> AmqpError {
     AmqpError::Topology(format!(
         "cannot read or record the command partition count in Redis: {err}"
     ))
+}
+
+/// Whether `channel`, the one a batch came on, is still open. Checked again after the
+/// session's epoch was taken, because taking it is a Redis round trip that a slow link
+/// can stretch: had the broker given the batch to another bridge meanwhile, that bridge
+/// may have applied it and later commands with an *older* epoch (it became active before
+/// this epoch was issued), and this batch, written with the newer one, would win over
+/// them (found by `tests/chaos.rs` with command partitions: a replace lost).
+fn still_ours(channel: &Channel) -> bool {
+    channel.status().connected()
 }
 
 /// The first command of a batch refused because a newer ingest epoch wrote its topic.
