@@ -169,6 +169,24 @@ async fn fill(client: &Client, css: &str, text: &str) {
     field.send_keys(text).await.expect("type");
 }
 
+/// Fills the schedule form (topic, id, then `fields` by selector), submits it, and
+/// waits until the job's row shows.
+async fn schedule_through_form(client: &Client, topic: &str, id: &str, fields: &[(&str, &str)]) {
+    fill(client, "#s-topic", topic).await;
+    fill(client, "#s-id", id).await;
+    for (css, text) in fields {
+        fill(client, css, text).await;
+    }
+    client
+        .find(Locator::Css("#s-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(client, &format!("#jobs tr[data-id='{id}']")).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_schedules_lists_streams_and_cancels() {
     let _turn = BROWSER_TURN.lock().await;
@@ -214,18 +232,11 @@ async fn dashboard_schedules_lists_streams_and_cancels() {
     wait_for(&client, "#jobs tr[data-id='to-cancel']").await;
 
     // Schedule a job through the form.
-    fill(&client, "#s-topic", "emails").await;
-    fill(&client, "#s-id", "welcome-42").await;
-    fill(&client, "#s-body", "{\"to\":\"ann@example.com\"}").await;
-    fill(&client, "#s-delay", "10m").await;
-    client
-        .find(Locator::Css("#s-submit"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    wait_for(&client, "#jobs tr[data-id='welcome-42']").await;
+    let fields = [
+        ("#s-body", "{\"to\":\"ann@example.com\"}"),
+        ("#s-delay", "10m"),
+    ];
+    schedule_through_form(&client, "emails", "welcome-42", &fields).await;
     let job = store
         .get(&topic, &JobId::new("welcome-42").unwrap())
         .await
@@ -244,19 +255,12 @@ async fn dashboard_schedules_lists_streams_and_cancels() {
     .await;
 
     // A series with jitter and expiry through the same form.
-    fill(&client, "#s-topic", "emails").await;
-    fill(&client, "#s-id", "digest").await;
-    fill(&client, "#s-every", "1h").await;
-    fill(&client, "#s-jitter", "10m").await;
-    fill(&client, "#s-expires", "30m").await;
-    client
-        .find(Locator::Css("#s-submit"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    wait_for(&client, "#jobs tr[data-id='digest']").await;
+    let fields = [
+        ("#s-every", "1h"),
+        ("#s-jitter", "10m"),
+        ("#s-expires", "30m"),
+    ];
+    schedule_through_form(&client, "emails", "digest", &fields).await;
     let series = store
         .get(&topic, &JobId::new("digest").unwrap())
         .await
