@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use super::settle::{Settler, Ticket};
 use crate::amqp::{headers, integer};
 use crate::log_throttle::LogThrottle;
+use crate::metrics::Metrics;
 
 /// Releases are batched up to this many per round trip.
 const RELEASE_BATCH: usize = 500;
@@ -87,6 +88,24 @@ pub(crate) struct InFlight {
     /// Returned to the window when the job is released or handed back (none for the
     /// webhook loop's expired copies, which use no AMQP window).
     pub permit: Option<OwnedSemaphorePermit>,
+}
+
+impl InFlight {
+    /// Hands this publish to its session's confirmer; `publishes_in_flight` counts it
+    /// until the confirmer has its confirm. `false` if the confirmer has stopped: the job
+    /// stays reserved until its time-to-run requeues it.
+    pub(crate) fn hand_to(
+        self,
+        confirmer: &mpsc::UnboundedSender<InFlight>,
+        metrics: &Metrics,
+    ) -> bool {
+        metrics.publishes_in_flight.inc();
+        let handed = confirmer.send(self).is_ok();
+        if !handed {
+            metrics.publishes_in_flight.dec();
+        }
+        handed
+    }
 }
 
 /// Acked without a return seen so far; released once settled.
@@ -165,7 +184,6 @@ impl Confirmer {
         } = flight;
         let confirmation = confirm.await;
         self.settler.metrics.publishes_in_flight.dec();
-        let backoff = self.settler.retry_delay(ticket.attempt);
         match confirmation {
             Ok(Confirmation::Ack(returned)) => {
                 let own = self.file_return(returned, key, settling).await;
@@ -190,6 +208,7 @@ impl Confirmer {
                 {
                     tracing::warn!(topic = %lease.topic, id = %lease.id, "broker nacked a job; kept and retried");
                 }
+                let backoff = self.settler.retry_delay(ticket.attempt);
                 self.settler.fail(lease, backoff, "nack", "nack").await;
             }
             Ok(Confirmation::NotRequested) | Err(_) => {
@@ -322,15 +341,10 @@ impl Settling {
             .acked
             .partition_point(|acked| acked.seen + SETTLE <= now);
         let released = self.acked.drain(..settled).collect();
-        let orphaned: Vec<ReturnKey> = self
+        let orphans = self
             .ahead
-            .iter()
-            .filter(|(_, ahead)| ahead.seen + ORPHAN_AFTER <= now)
-            .map(|(key, _)| *key)
-            .collect();
-        let orphans = orphaned
-            .iter()
-            .filter_map(|key| self.ahead.remove(key))
+            .extract_if(|_, ahead| ahead.seen + ORPHAN_AFTER <= now)
+            .map(|(_, ahead)| ahead)
             .collect();
         (released, orphans)
     }

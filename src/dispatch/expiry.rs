@@ -132,14 +132,13 @@ impl Expiry {
             let props = expired_properties(&topic, &job, props, ticket.due_at, ms);
             match publish(&session.channel, &exchange, &topic, &job, props).await {
                 Ok((key, confirm)) => {
-                    settler.metrics.publishes_in_flight.inc();
                     let flight = InFlight {
                         ticket,
                         key,
                         confirm,
                         permit: None,
                     };
-                    if session.confirms.send(flight).is_err() {
+                    if !flight.hand_to(&session.confirms, &settler.metrics) {
                         tracing::warn!(%topic, id = %job.id, "the session's confirmer has stopped; the expired job waits for its requeue");
                     }
                 }

@@ -589,16 +589,14 @@ impl Dispatcher {
                 ),
             };
         let (key, confirm) = expiry::publish(channel, exchange, topic, job, props).await?;
-        self.metrics.publishes_in_flight.inc();
         let flight = InFlight {
             ticket,
             key,
             confirm,
             permit: Some(permit),
         };
-        // The confirmer only stops after this sender is dropped, so it still listens; were
-        // it gone, the job would stay reserved until its TTR requeues it.
-        if in_flight.send(flight).is_err() {
+        // The confirmer only stops after this sender is dropped, so it still listens.
+        if !flight.hand_to(in_flight, &self.metrics) {
             tracing::warn!("the confirmer has stopped; a published job waits for its requeue");
         }
         Ok(())
