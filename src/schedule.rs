@@ -36,12 +36,10 @@ use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
 
 use crate::job::Due;
-use crate::store::ScheduleSpec;
+use crate::store::{ScheduleSpec, MAX_SPEC_BYTES};
 
 /// Zone of a cron schedule given without one.
 pub const DEFAULT_TZ: &str = "UTC";
-/// Longest spec the store keeps (`put.lua`).
-const MAX_SPEC_BYTES: usize = 256;
 /// Longest interval: 100 years, far beyond any `max_delay_ms`, and safe from overflow.
 const MAX_INTERVAL_MS: u64 = 100 * 366 * 24 * 3_600_000;
 

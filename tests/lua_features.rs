@@ -1446,7 +1446,7 @@ mod typed {
             [Some(next)]
         );
 
-        let step = store.redrive_all(&t, 10).await.unwrap();
+        let step = store.redrive_step(&t, 10).await.unwrap();
         assert_eq!((step.moved, step.remaining), (1, 0));
         let history = store.history(&t, None, 10).await.unwrap();
         let outcomes: Vec<(Outcome, &str)> =

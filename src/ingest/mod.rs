@@ -10,7 +10,7 @@
 //! still wins. Replies and set-asides go out in batch order too.
 //!
 //! Fencing: with a single active consumer, every put and delete carries the session's
-//! ingest epoch (the `epoch` of `Store::apply_durably`), so a request this bridge gave up on, still on
+//! ingest epoch (the `epoch` of `Store::apply_batch`), so a request this bridge gave up on, still on
 //! its way to Redis while the broker redelivered its commands to another bridge,
 //! cannot land after the commands that followed it. A fenced reply ends the session.
 //!
@@ -169,7 +169,7 @@ impl Named {
     }
 }
 
-/// An ingest session's epoch (see `Store::apply_durably`): the session part comes from
+/// An ingest session's epoch (see `Store::apply_batch`): the session part comes from
 /// the store's counter at the first batch, when this consumer became the active one, so
 /// it is newer than every session active before; the attempt part grows after each
 /// failed apply, so the retry outranks a request of this session still on its way, but
@@ -735,13 +735,13 @@ impl Ingest {
         epoch: &Epoch,
     ) -> Result<Option<(Vec<Result<Applied, Rejection>>, Replication)>, StoreError> {
         if !self.config.amqp.single_active_consumer {
-            return store.apply_durably(ops, None).await.map(Some);
+            return store.apply_batch(ops, None).await.map(Some);
         }
         let used = epoch.get(store).await?;
         if !still_ours(channel) {
             return Ok(None);
         }
-        let result = store.apply_durably(ops, Some(used)).await;
+        let result = store.apply_batch(ops, Some(used)).await;
         if result.is_err() {
             // The request may still reach Redis later over the old connection: the
             // retry writes with a newer epoch, so that late arrival is refused.

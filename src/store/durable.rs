@@ -26,8 +26,6 @@
 //! - Without durability (`wait_replicas = 0`) neither `WAIT` nor `CLIENT INFO` is sent.
 
 use super::call::{Ack, Call, Durability, Route};
-use super::error::Rejection;
-use super::types::{Applied, Command};
 use super::{Store, StoreError};
 
 /// What the replicas confirmed of a batch's writes.
@@ -56,7 +54,7 @@ impl Store {
     /// Makes every job write of this store wait for `durability`'s replicas (`None`: no
     /// waiting, no extra command). [`Store::apply`], [`Store::put`], [`Store::delete`]
     /// and [`Store::put_recurring`] then fail with [`StoreError::NotReplicated`] when the
-    /// replicas fall short; [`Store::apply_durably`] reports it instead.
+    /// replicas fall short; [`Store::apply_batch`] reports it instead.
     pub fn with_durability(mut self, durability: Option<Durability>) -> Self {
         self.durability = durability;
         self
@@ -64,17 +62,6 @@ impl Store {
 
     pub fn durability(&self) -> Option<Durability> {
         self.durability
-    }
-
-    /// [`Store::apply_commands`] (or, with an `epoch`, [`Store::apply_fenced`]) that, with
-    /// durability set, also waits for the replicas in the same round trip and says what
-    /// they confirmed, whatever it is.
-    pub async fn apply_durably(
-        &self,
-        commands: &[Command],
-        epoch: Option<u64>,
-    ) -> Result<(Vec<Result<Applied, Rejection>>, Replication), StoreError> {
-        self.apply_waiting(commands, epoch).await
     }
 
     /// Waits again for the writes of `mark` (a [`Replication::Short`] answer):
@@ -119,8 +106,6 @@ impl Store {
         }
     }
 
-    /// `Ok` unless the replicas fell short: for callers that answer someone at once
-    /// (HTTP, CLI) rather than hold on to the batch.
     /// One write, `WAIT`ed for as `want` says: its reply, or
     /// [`StoreError::NotReplicated`] when the replicas fall short (the write stands).
     /// `what` names the call in an error.
@@ -137,6 +122,8 @@ impl Store {
             .ok_or_else(|| StoreError::bad_reply(what, "no reply"))??)
     }
 
+    /// `Ok` unless the replicas fell short: for callers that answer someone at once
+    /// (HTTP, CLI) rather than hold on to the batch.
     pub(super) fn demand(&self, replication: Replication) -> Result<(), StoreError> {
         let Some(want) = self.durability else {
             return Ok(());

@@ -4,38 +4,33 @@
 //! the bridge, the CLI and the HTTP API do to jobs goes through [`Store`], and through
 //! the same scripts any other Redis client can call (see `lua/README.md`).
 //!
-//! One file per concern:
-//! - `types.rs`: what goes in and comes out (requests, replies, limits);
+//! `ops/` holds one file per operation (its request and reply types, its calls, its
+//! reply decoding and its methods; see `ops/mod.rs`). The rest is what they share:
+//! - `types.rs`: the types several operations take or answer (limits, job state,
+//!   lease, schedule spec);
 //! - `scripts.rs`: the one list of scripts, and how a script call is built;
-//! - `api.rs`: the typed methods, one per script (`check.rs`: the fsck walk;
-//!   `features.rs`: recurring series, pause, parking, redrive, history);
+//! - `call.rs`: what a call is (command, route, `Durability`);
 //! - `exec.rs`: the transport (standalone or cluster, pipelining, `NOSCRIPT`);
 //! - `keys.rs`: key names; `reply.rs`: reply decoding; `error.rs`: the error boundary;
 //! - `notify.rs`: the Pub/Sub notifications and the [`DueHints`] they feed;
 //! - `registry.rs`: the topics set, and what the store remembers registering in it;
 //! - `conn.rs`, `link.rs`: opening connections and replacing dead ones;
-//! - `rate.rs`: rate limits (the live limit; the policies of the config are defaults);
 //! - `durable.rs`: waiting for replicas (`WAIT`) after job writes (`redis.wait_replicas`);
 //! - `health.rs`: is Redis answering, refusing writes (OOM), may it evict keys.
 //!
-//! Adding a script: `lua/<name>.lua`, its name in the list of `scripts.rs`, a typed
-//! method in `api.rs` (request and reply types in `types.rs`).
+//! Adding a script: `lua/<name>.lua`, its name in the list of `scripts.rs`, and its
+//! file in `ops/` (declared in `ops/mod.rs`, its public types re-exported here).
 
-mod api;
 mod call;
-mod check;
 mod conn;
-mod delete_prefix;
 mod durable;
 mod error;
 mod exec;
-mod features;
 mod health;
-mod histogram;
 mod keys;
 mod link;
 mod notify;
-mod rate;
+mod ops;
 mod registry;
 mod reply;
 mod scripts;
@@ -46,26 +41,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use call::Durability;
-pub use check::{CheckReport, Problem, CHECK_STEP};
 pub use conn::cluster_seeds;
-pub use delete_prefix::{PrefixStep, PREFIX_STEP};
 pub use durable::{Replication, WriteMark};
 pub use error::{RejectCode, Rejection, StoreError};
 use exec::Executor;
 pub use health::{
     policy_keeps_jobs, Eviction, HealthView, NodeHealth, Probe, RedisHealth, HEALTH_PROBE_INTERVAL,
 };
-pub use histogram::{DueHistogram, MAX_HISTOGRAM_BUCKETS, MAX_HISTOGRAM_WINDOW_MS};
 pub use keys::{KeySpace, TopicKeys};
 pub use notify::{DueHints, SUBSCRIPTION_PING_INTERVAL};
+pub use ops::{
+    Applied, Batch, CheckReport, Command, Delivered, DueHistogram, Expired, HistoryEntry, JobInfo,
+    JobSummary, ListWhich, NextDue, Noted, Op, Outcome, PrefixStep, Problem, PutOutcome,
+    PutRequest, PutStatus, RateSource, RateState, Redriven, Requeued, ReservedJob, RetryOutcome,
+    TopicStats, CHECK_STEP, MAX_HISTOGRAM_BUCKETS, MAX_HISTOGRAM_WINDOW_MS, PREFIX_STEP,
+};
 use registry::TopicRegistry;
 pub use registry::DEFAULT_TOPIC_REFRESH;
 pub use scripts::SOURCES as SCRIPT_SOURCES;
 pub use types::{
-    Applied, Batch, Command, Delivered, Expired, HistoryEntry, JobInfo, JobState, JobSummary,
-    LastError, Lease, Limits, ListWhich, NextDue, Noted, Op, Outcome, PutOutcome, PutRequest,
-    PutStatus, RateSource, RateState, Redriven, Requeued, ReservedJob, RetryOutcome, ScheduleSpec,
-    SpecError, SpecKind, TopicStats, DEFAULT_HISTORY_MAX, MAX_BATCH,
+    JobState, LastError, Lease, Limits, ScheduleSpec, SpecError, SpecKind, DEFAULT_HISTORY_MAX,
+    MAX_BATCH, MAX_SPEC_BYTES,
 };
 
 /// How to reach Redis.

@@ -1,9 +1,12 @@
 //! Decoding script replies. Scripts answer with nested arrays of integers and byte
-//! strings; these helpers turn a wrong shape into a named error instead of a panic.
+//! strings; these helpers turn a wrong shape into a named error instead of a panic,
+//! and read the pieces several replies share.
 
 use redis::Value;
 
+use super::types::LastError;
 use super::StoreError;
+use crate::job::Topic;
 
 pub(crate) struct Reader {
     script: &'static str,
@@ -85,4 +88,36 @@ impl Reader {
 /// `-1` in a reply means "none".
 pub(crate) fn optional_time(ms: i64) -> Option<i64> {
     (ms >= 0).then_some(ms)
+}
+
+/// `''` means none in script replies.
+pub(crate) fn non_empty(bytes: &[u8]) -> Option<String> {
+    (!bytes.is_empty()).then(|| String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// The `last_error`, `last_error_at` pair of get and list replies.
+pub(crate) fn last_error(reply: &mut Reader) -> Result<Option<LastError>, StoreError> {
+    let reason = String::from_utf8_lossy(&reply.bytes("last_error")?).into_owned();
+    Ok(optional_time(reply.int("last_error_at")?).map(|at| LastError { reason, at }))
+}
+
+/// One topic's reply in a multi-topic call: `None` when Redis refused the call for this
+/// topic (damaged data: a key of the wrong type, an unreadable record), which is logged
+/// so an operator runs `redisched check`; the other topics go on. An unavailable Redis
+/// is an error for the whole call.
+pub(crate) fn per_topic(
+    what: &str,
+    topic: &Topic,
+    reply: redis::RedisResult<Value>,
+) -> Result<Option<Value>, StoreError> {
+    match reply {
+        Ok(value) => Ok(Some(value)),
+        Err(err) => match StoreError::from(err) {
+            StoreError::Rejected(rejection) => {
+                tracing::error!(%topic, %rejection, "{what}: Redis refused this topic's call; skipping it (run `redisched check {topic}`)");
+                Ok(None)
+            }
+            other => Err(other),
+        },
+    }
 }

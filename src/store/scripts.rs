@@ -2,7 +2,8 @@
 //! other languages use can never drift apart.
 //!
 //! To add a script: put `lua/<name>.lua` (with its header), add `<name>` to the list
-//! below, and write its typed method in `api.rs` with [`Scripts::call`]. Loading,
+//! below, and write its file in `ops/` (types, calls built with [`Scripts::call`],
+//! reply decoding, typed method). Loading,
 //! `NOSCRIPT` recovery and cluster routing come with it (`exec.rs`).
 
 use redis::Script;

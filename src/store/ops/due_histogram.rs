@@ -1,10 +1,10 @@
 //! How many waiting jobs of a topic fall due in each slice of a coming window, counted
 //! inside Redis (`lua/due_histogram.lua`): the dashboard's "due in the next hour / day".
 
-use super::reply::Reader;
-use super::scripts::Scripts;
-use super::{Store, StoreError};
 use crate::job::Topic;
+use crate::store::reply::Reader;
+use crate::store::scripts::Scripts;
+use crate::store::{Store, StoreError};
 
 /// Widest window `due_histogram.lua` accepts (about 31.7 years), so that every bucket
 /// edge stays an exact integer in a Lua number.
@@ -13,7 +13,7 @@ pub const MAX_HISTOGRAM_WINDOW_MS: u64 = 1_000_000_000_000;
 pub const MAX_HISTOGRAM_BUCKETS: usize = 1000;
 
 /// The reply of [`Store::due_histogram`]. Parked jobs are in no count, so
-/// `due_now + counts.sum() + later` equals [`super::TopicStats::scheduled`] at `now`.
+/// `due_now + counts.sum() + later` equals [`crate::store::TopicStats::scheduled`] at `now`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DueHistogram {
     /// The server's clock (epoch ms) the window starts at.

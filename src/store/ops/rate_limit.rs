@@ -1,15 +1,35 @@
 //! Rate limits per topic (`lua/rate_limit.lua`; enforced by `lua/reserve.lua`): the
-//! live limit stored in Redis, which overrides the configuration's policy.
+//! live limit stored in Redis, which overrides the configuration's policy. `stats.rs`
+//! rides [`Store::rate_state`]'s call in its own round trip.
 
 use redis::Value;
+use serde::Serialize;
 
-use super::call::Call;
-use super::reply::{optional_time, Reader};
-use super::scripts::Scripts;
-use super::types::{RateSource, RateState};
-use super::{Store, StoreError};
 use crate::job::Topic;
 use crate::policy::RateLimit;
+use crate::store::call::Call;
+use crate::store::reply::{optional_time, Reader};
+use crate::store::scripts::Scripts;
+use crate::store::{Store, StoreError};
+
+/// Where the rate limit in force comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RateSource {
+    /// Set through the API or the CLI, stored in Redis: every bridge obeys it.
+    Live,
+    /// The configuration's `[[policies]]` entry for the topic.
+    Policy,
+}
+
+/// A topic's rate limit in force, and what it holds back now.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateState {
+    pub limit: Option<(RateLimit, RateSource)>,
+    pub throttled: u64,
+    pub next_token: Option<i64>,
+    pub now: i64,
+}
 
 impl Store {
     /// Stores `limit` as the topic's live limit: every bridge obeys it at its next

@@ -2,10 +2,10 @@
 
 use serde::Serialize;
 
-use super::reply::Reader;
-use super::scripts::Scripts;
-use super::{Store, StoreError};
 use crate::job::Topic;
+use crate::store::reply::Reader;
+use crate::store::scripts::Scripts;
+use crate::store::{Store, StoreError};
 
 /// Entries `check.lua` examines per call: small enough that one call never blocks
 /// Redis for long, even with large bodies in the records it reads.

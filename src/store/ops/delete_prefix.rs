@@ -3,10 +3,10 @@
 //! with the topic (on a 1,000,000-job topic each step examines [`PREFIX_STEP`] hash
 //! entries). No per-job index exists for it: the walk scans the topic's jobs hash.
 
-use super::reply::Reader;
-use super::scripts::Scripts;
-use super::{Store, StoreError};
 use crate::job::{IdPrefix, Topic};
+use crate::store::reply::Reader;
+use crate::store::scripts::Scripts;
+use crate::store::{Store, StoreError};
 
 /// Hash entries one step examines (the script's `count`).
 pub const PREFIX_STEP: usize = 100;
