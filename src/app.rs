@@ -40,10 +40,10 @@ pub enum AppError {
 
 /// Runs the bridge until `shutdown` is cancelled, then stops intake, drains in-flight
 /// confirms (bounded by `dispatch.shutdown_grace_ms`) and returns.
-#[allow(
-    clippy::too_many_lines,
-    reason = "the wiring of every stage in start order, each step a few lines; read top to bottom"
-)]
+///
+/// The wiring in start order: the HTTP port, Redis, the HTTP API, the Redis-side
+/// background tasks, then the stages (the webhook loop, and the AMQP sessions of ingest
+/// and dispatch).
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppError> {
     let config = Arc::new(config);
     let webhooks = Arc::new(WebhookSinks::new(&config).map_err(AppError::Targets)?);
@@ -57,18 +57,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     // Webhook targets are dispatched by a loop of their own, on a copy of the hints.
     let webhook_hints = (!config.targets.is_empty()).then(|| hints.tee());
 
-    // Bind first: a port conflict is a configuration error worth failing on at once.
-    let listener = if config.http.enabled {
-        let addr = config.http.listen.clone();
-        Some(
-            tokio::net::TcpListener::bind(&addr)
-                .await
-                .map_err(|source| AppError::Listen { addr, source })?,
-        )
-    } else {
-        None
-    };
-
+    let listener = bind_http(&config).await?;
     let Some(store) = connect_store(&config, &health, &shutdown).await else {
         return Ok(());
     };
@@ -91,6 +80,74 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
             }
         });
     }
+    let warnings = Arc::new(LogThrottle::default());
+    spawn_background(
+        &tasks, &store, &hints, &metrics, &warnings, &config, &shutdown,
+    );
+    tasks.close();
+    let Some(ingest_store) = writing_store(&config, &health, &shutdown, &store).await else {
+        return Ok(());
+    };
+    let ingest = Ingest {
+        store: ingest_store,
+        config: config.clone(),
+        metrics: metrics.clone(),
+        feed: feed.clone(),
+        hints: hints.clone(),
+        warnings: warnings.clone(),
+        isolation: Default::default(),
+    };
+    let dispatcher = Dispatcher {
+        store,
+        config: config.clone(),
+        metrics: metrics.clone(),
+        feed,
+        hints,
+        clock: Arc::new(ServerClock::new()),
+        warnings,
+        webhooks,
+        // `validate()` compiled the policies at load: this cannot fail here.
+        expiry: Arc::new(Expiry::new(config.compiled_policies().unwrap_or_default())),
+    };
+    if let Some(hints) = webhook_hints {
+        // It needs no broker: it runs for the whole process, beside the AMQP sessions.
+        let hooks = sharing(&dispatcher, hints);
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move { hooks.run_webhooks(&mut Plan::default(), shutdown).await });
+    }
+    run_sessions(ingest, dispatcher, &config, &metrics, &shutdown).await;
+    tracing::info!("shutting down");
+    let stop = crate::shutdown::BACKGROUND_TASKS;
+    if tokio::time::timeout(stop, tasks.wait()).await.is_err() {
+        tracing::warn!(timeout = ?stop, "background tasks did not stop in time");
+    }
+    Ok(())
+}
+
+/// Binds the HTTP port (if the API is enabled) before anything else: a port conflict is
+/// a configuration error worth failing on at once.
+async fn bind_http(config: &Config) -> Result<Option<tokio::net::TcpListener>, AppError> {
+    if !config.http.enabled {
+        return Ok(None);
+    }
+    let addr = config.http.listen.clone();
+    tokio::net::TcpListener::bind(&addr)
+        .await
+        .map(Some)
+        .map_err(|source| AppError::Listen { addr, source })
+}
+
+/// The Redis-side tasks that live for the whole process: the notification listener,
+/// the requeue sweep, the log throttle's summaries and the health probe.
+fn spawn_background(
+    tasks: &TaskTracker,
+    store: &Store,
+    hints: &Arc<DueHints>,
+    metrics: &Arc<Metrics>,
+    warnings: &Arc<LogThrottle>,
+    config: &Config,
+    shutdown: &CancellationToken,
+) {
     {
         let (store, hints, shutdown) = (store.clone(), hints.clone(), shutdown.clone());
         tasks.spawn(async move { store.follow_notifications(hints, shutdown).await });
@@ -101,8 +158,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         Duration::from_millis(config.dispatch.requeue_interval_ms),
         shutdown.clone(),
     ));
-
-    let warnings = Arc::new(LogThrottle::default());
     {
         let (warnings, shutdown) = (warnings.clone(), shutdown.clone());
         tasks.spawn(async move {
@@ -120,49 +175,32 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         let (store, metrics, shutdown) = (store.clone(), metrics.clone(), shutdown.clone());
         tasks.spawn(async move { probe_health(store, metrics, shutdown).await });
     }
-    tasks.close();
-    let Some(ingest_store) = writing_store(&config, &health, &shutdown, &store).await else {
-        return Ok(());
-    };
-    let ingest = Ingest {
-        store: ingest_store,
-        config: config.clone(),
-        metrics: metrics.clone(),
-        feed: feed.clone(),
-        hints: hints.clone(),
-        warnings: warnings.clone(),
-        isolation: Default::default(),
-    };
-    let clock = Arc::new(ServerClock::new());
-    // `validate()` compiled the policies at load: this cannot fail here.
-    let expiry = Arc::new(Expiry::new(config.compiled_policies().unwrap_or_default()));
-    if let Some(hints) = webhook_hints {
-        // It needs no broker: it runs for the whole process, beside the AMQP sessions.
-        let hooks = Dispatcher {
-            store: store.clone(),
-            config: config.clone(),
-            metrics: metrics.clone(),
-            feed: feed.clone(),
-            hints,
-            clock: clock.clone(),
-            warnings: warnings.clone(),
-            webhooks: webhooks.clone(),
-            expiry: expiry.clone(),
-        };
-        let shutdown = shutdown.clone();
-        tasks.spawn(async move { hooks.run_webhooks(&mut Plan::default(), shutdown).await });
-    }
-    let dispatcher = Dispatcher {
-        store,
-        config: config.clone(),
-        metrics: metrics.clone(),
-        feed,
+}
+
+/// A dispatcher on `hints` that shares everything else with `base` (the webhook loop
+/// beside the AMQP one: same store, clock, sinks and expiry).
+fn sharing(base: &Dispatcher, hints: Arc<DueHints>) -> Dispatcher {
+    Dispatcher {
+        store: base.store.clone(),
+        config: base.config.clone(),
+        metrics: base.metrics.clone(),
+        feed: base.feed.clone(),
         hints,
-        clock,
-        warnings,
-        webhooks,
-        expiry,
-    };
+        clock: base.clock.clone(),
+        warnings: base.warnings.clone(),
+        webhooks: base.webhooks.clone(),
+        expiry: base.expiry.clone(),
+    }
+}
+
+/// Runs ingest and dispatch over AMQP until shutdown.
+async fn run_sessions(
+    ingest: Ingest,
+    dispatcher: Dispatcher,
+    config: &Config,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) {
     // Ingest and dispatch each get their own connection: a command the client library
     // cannot even parse (which drops the connection) must not interrupt deliveries,
     // and a blocked publisher must not stall intake.
@@ -172,9 +210,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     tokio::join!(
         supervise(
             Stage::Ingest,
-            &config,
-            &metrics,
-            &shutdown,
+            config,
+            metrics,
+            shutdown,
             move |connection, end| {
                 let ingest = ingest.clone();
                 Box::pin(async move { ingest.run(connection, end).await })
@@ -182,9 +220,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         ),
         supervise(
             Stage::Dispatch,
-            &config,
-            &metrics,
-            &shutdown,
+            config,
+            metrics,
+            shutdown,
             move |connection, end| {
                 let (dispatcher, plan) = (dispatcher.clone(), plan.clone());
                 Box::pin(async move {
@@ -194,12 +232,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
             },
         ),
     );
-    tracing::info!("shutting down");
-    let stop = crate::shutdown::BACKGROUND_TASKS;
-    if tokio::time::timeout(stop, tasks.wait()).await.is_err() {
-        tracing::warn!(timeout = ?stop, "background tasks did not stop in time");
-    }
-    Ok(())
 }
 
 /// Refuses to run on a Redis whose eviction policy may delete jobs, unless

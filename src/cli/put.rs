@@ -1,0 +1,136 @@
+//! `redisched put`: the body, the schedule (`--every`, `--cron`/`--tz`, `--jitter`) and
+//! the write.
+
+use std::io::Read;
+
+use crate::config::Config;
+use crate::job::{Due, PutMode};
+use crate::schedule::Schedule;
+use crate::store::{PutRequest, Store};
+use crate::view::{self, rfc3339, PutView, ScheduleFields};
+
+use super::output::{relative, Output};
+use super::{connect, CliError, PutArgs};
+
+/// Checks the arguments before Redis is reached, then writes the job.
+pub(super) async fn execute(config: &Config, args: &PutArgs) -> Result<Output, CliError> {
+    let schedule = schedule_of(args, config.limits.min_interval_ms)?;
+    let body = read_body(args)?;
+    if let Some(url) = &args.url {
+        crate::targets::check_job_url_for(&config.targets, args.topic.as_str(), url)
+            .map_err(|reason| CliError::Usage(format!("--url: {reason}")))?;
+    }
+    let store = connect(config).await?;
+    put(&store, args, body, schedule).await
+}
+
+fn read_body(args: &PutArgs) -> Result<Vec<u8>, CliError> {
+    let read_stdin = || {
+        let mut body = Vec::new();
+        std::io::stdin()
+            .lock()
+            .read_to_end(&mut body)
+            .map_err(|e| CliError::Usage(format!("cannot read the body from stdin: {e}")))?;
+        Ok(body)
+    };
+    match (&args.body, &args.body_file) {
+        (Some(body), _) if body == "-" => read_stdin(),
+        (Some(body), _) => Ok(body.clone().into_bytes()),
+        (None, Some(path)) if path.as_os_str() == "-" => read_stdin(),
+        (None, Some(path)) => std::fs::read(path).map_err(|e| {
+            CliError::Usage(format!("cannot read --body-file {}: {e}", path.display()))
+        }),
+        (None, None) => Ok(Vec::new()),
+    }
+}
+
+/// The schedule `--every` or `--cron` (+ `--tz`) asks for, if any.
+fn schedule_of(args: &PutArgs, min_interval_ms: u64) -> Result<Option<Schedule>, CliError> {
+    match (&args.every, &args.cron) {
+        (Some(every), _) => Schedule::parse_every(every, min_interval_ms)
+            .map(Some)
+            .map_err(|e| CliError::Usage(format!("--every {every}: {e}"))),
+        (None, Some(cron)) => Schedule::cron(cron, args.tz.as_deref())
+            .map(Some)
+            .map_err(|e| CliError::Usage(format!("--cron: {e}"))),
+        (None, None) => Ok(None),
+    }
+}
+
+/// `--jitter MS`: only with a schedule, below an --every interval.
+fn jitter_of(args: &PutArgs, schedule: Option<&Schedule>) -> Result<u64, CliError> {
+    let Some(text) = &args.jitter else {
+        return Ok(0);
+    };
+    let Some(schedule) = schedule else {
+        return Err(CliError::Usage(
+            "--jitter is only for a recurring job (give --every or --cron): a one-shot job has no occurrences to spread".into(),
+        ));
+    };
+    crate::schedule::parse_jitter(text)
+        .and_then(|ms| schedule.check_jitter(ms))
+        .map_err(|e| CliError::Usage(format!("--jitter {text}: {e}")))
+}
+
+async fn put(
+    store: &Store,
+    args: &PutArgs,
+    body: Vec<u8>,
+    schedule: Option<Schedule>,
+) -> Result<Output, CliError> {
+    let explicit = args.delay.or(args.at);
+    let mode = if args.replace {
+        PutMode::Replace
+    } else {
+        PutMode::Keep
+    };
+    let size = body.len();
+    let jitter_ms = jitter_of(args, schedule.as_ref())?;
+    let mut request = PutRequest {
+        topic: args.topic.clone(),
+        id: args.id.clone(),
+        body,
+        meta: crate::expiry::meta_with_expiry(
+            crate::webhook::job_meta(args.url.as_deref(), jitter_ms),
+            args.expires_after,
+        ),
+        due: explicit.unwrap_or(Due::NOW),
+        mode,
+    };
+    let outcome = match &schedule {
+        None => store.put(request).await?,
+        Some(schedule) => {
+            let now = store.server_time().await?;
+            request.due = schedule.first_due(explicit, now).map_err(CliError::Usage)?;
+            let spec = schedule
+                .store_spec()
+                .map_err(|e| CliError::Usage(e.to_string()))?;
+            let bound = match request.due {
+                Due::At(first) => schedule.jitter_bound(first, jitter_ms),
+                Due::Delay(_) => jitter_ms,
+            };
+            store.put_jittered(request, spec, bound).await?
+        }
+    };
+    let now = store.server_time().await?;
+    let json = view::to_json(&PutView::new(
+        args.topic.as_str(),
+        args.id.as_str(),
+        &outcome,
+        size,
+    ));
+    let recurring = schedule
+        .as_ref()
+        .and_then(|s| ScheduleFields::of(Some(&s.to_spec())).describe())
+        .map(|s| format!(", {s}"))
+        .unwrap_or_default();
+    let human = format!(
+        "{} {}/{} due {} ({}){recurring}",
+        outcome.status.as_str(),
+        args.topic,
+        args.id,
+        rfc3339(outcome.due_at),
+        relative(outcome.due_at, now)
+    );
+    Ok(Output { json, human })
+}
