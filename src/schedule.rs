@@ -129,6 +129,38 @@ pub fn jitter_delay(topic: &str, id: &str, scheduled_ms: i64, bound_ms: u64) -> 
     u64::from(hash) % bound_ms
 }
 
+/// The schedule fields of one put as a face received them, as text (a face whose values
+/// can be typed, AMQP's integers, renders them first). `None`: not given.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScheduleParts<'a> {
+    /// An interval: milliseconds or a duration (`15m`).
+    pub every: Option<&'a str>,
+    /// A cron expression ...
+    pub cron: Option<&'a str>,
+    /// ... in this IANA zone (default [`DEFAULT_TZ`]).
+    pub tz: Option<&'a str>,
+    /// Milliseconds each occurrence may be delayed by.
+    pub jitter: Option<&'a str>,
+}
+
+/// Why [`Schedule::from_parts`] refused a put's schedule fields. Typed, so that each face
+/// names the fields in its own terms (`x-redisched-every`, `every`, `--every`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartsError {
+    /// `every` and `cron` both given.
+    BothEveryAndCron,
+    /// `tz` given without `cron`.
+    TzWithoutCron,
+    /// `jitter` given for a one-shot job (checked before its value is read).
+    JitterWithoutSchedule,
+    /// A bad `every` value.
+    Every(ScheduleError),
+    /// A bad `cron` expression or `tz`.
+    Cron(ScheduleError),
+    /// A bad `jitter` value, or one not below the `every` interval.
+    Jitter(ScheduleError),
+}
+
 /// When a recurring job's occurrences fall.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Schedule {
@@ -213,6 +245,38 @@ impl Schedule {
             return Err(ScheduleError::SpecTooLong);
         }
         Ok(schedule)
+    }
+
+    /// The one rule of every face for a put's schedule fields: `every`, or `cron` with an
+    /// optional `tz`, never both, and `tz` only with `cron`; `jitter` only on a recurring
+    /// job, below an `every` interval (any jitter suits cron: it is clamped to each gap).
+    /// `Ok(None)`: a one-shot job; otherwise the schedule with its jitter (ms, 0 for none).
+    /// Checked in this order: the combination, the schedule, the jitter.
+    pub fn from_parts(
+        parts: ScheduleParts<'_>,
+        min_interval_ms: u64,
+    ) -> Result<Option<(Schedule, u64)>, PartsError> {
+        let schedule = match (parts.every, parts.cron, parts.tz) {
+            (Some(_), Some(_), _) => return Err(PartsError::BothEveryAndCron),
+            (_, None, Some(_)) => return Err(PartsError::TzWithoutCron),
+            (Some(every), None, None) => {
+                Schedule::parse_every(every, min_interval_ms).map_err(PartsError::Every)?
+            }
+            (None, Some(cron), tz) => Schedule::cron(cron, tz).map_err(PartsError::Cron)?,
+            (None, None, None) => {
+                return match parts.jitter {
+                    Some(_) => Err(PartsError::JitterWithoutSchedule),
+                    None => Ok(None),
+                };
+            }
+        };
+        let jitter_ms = match parts.jitter {
+            None => 0,
+            Some(text) => parse_jitter(text)
+                .and_then(|ms| schedule.check_jitter(ms))
+                .map_err(PartsError::Jitter)?,
+        };
+        Ok(Some((schedule, jitter_ms)))
     }
 
     /// Reads a spec written by [`Schedule::to_spec`] (or any client following the
@@ -480,6 +544,52 @@ impl Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_parts_of_a_put_follow_one_rule() {
+        let parts = |every, cron, tz, jitter| {
+            Schedule::from_parts(
+                ScheduleParts {
+                    every,
+                    cron,
+                    tz,
+                    jitter,
+                },
+                1000,
+            )
+        };
+        assert_eq!(parts(None, None, None, None), Ok(None));
+        assert_eq!(
+            parts(Some("1s"), None, None, Some("500")),
+            Ok(Some((Schedule::Every { ms: 1000 }, 500)))
+        );
+        assert_eq!(
+            parts(Some("1s"), Some("* * * * *"), None, None),
+            Err(PartsError::BothEveryAndCron)
+        );
+        assert_eq!(
+            parts(Some("1s"), None, Some("UTC"), None),
+            Err(PartsError::TzWithoutCron)
+        );
+        assert_eq!(
+            parts(None, None, None, Some("0")),
+            Err(PartsError::JitterWithoutSchedule)
+        );
+        assert!(matches!(
+            parts(Some("1s"), None, None, Some("1000")),
+            Err(PartsError::Jitter(
+                ScheduleError::JitterNotBelowInterval { .. }
+            ))
+        ));
+        assert!(matches!(
+            parts(None, Some("0 9 * * *"), Some("Mars/Olympus"), None),
+            Err(PartsError::Cron(ScheduleError::UnknownZone(_)))
+        ));
+        assert!(matches!(
+            parts(Some("999"), None, None, None),
+            Err(PartsError::Every(ScheduleError::BelowMinimum { .. }))
+        ));
+    }
 
     fn ms(rfc3339: &str) -> i64 {
         DateTime::parse_from_rfc3339(rfc3339)

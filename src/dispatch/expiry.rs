@@ -125,7 +125,7 @@ impl Expiry {
             let Some(session) = session else {
                 tracing::debug!(%topic, id = %job.id, "expired job of a webhook topic: no broker channel to set it aside on; handed back");
                 settler
-                    .hand_back(&ticket.lease, settler.retry_delay(job.attempt))
+                    .defer(&ticket.lease, settler.retry_delay(job.attempt))
                     .await;
                 return;
             };
@@ -145,7 +145,7 @@ impl Expiry {
                 Err(err) => {
                     tracing::warn!(%topic, id = %job.id, %err, "could not set an expired job aside; handed back");
                     settler
-                        .hand_back(&ticket.lease, settler.retry_delay(job.attempt))
+                        .defer(&ticket.lease, settler.retry_delay(job.attempt))
                         .await;
                 }
             }

@@ -9,11 +9,12 @@
 mod clock;
 mod confirm;
 mod expiry;
+mod plan;
 mod settle;
 mod sink;
 mod webhook_sink;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,7 @@ use crate::store::{DueHints, Store};
 pub use clock::ServerClock;
 use confirm::{Confirmer, InFlight};
 pub use expiry::Expiry;
+pub use plan::Plan;
 pub use settle::retry_delay;
 use settle::{Settler, Ticket};
 use sink::{Route, Serves};
@@ -43,98 +45,6 @@ const RESERVE_GROUP: usize = 64;
 
 /// Topics whose earliest due time one rescan step re-reads.
 pub const RESCAN_CHUNK: usize = 1000;
-
-/// How long a topic found paused is left out of the plan before a rescan looks at it
-/// again. A resume wakes dispatchers at once (Pub/Sub); this only bounds the wait after
-/// a resume that notified no one (e.g. `resume.lua` called without the channel).
-const PAUSED_RECHECK: Duration = Duration::from_secs(5);
-
-/// What the dispatcher knows between AMQP sessions: when each topic is next due,
-/// indexed both ways so a tick costs O(log topics), not a pass over all of them.
-#[derive(Debug, Default)]
-pub struct Plan {
-    next_due: HashMap<Topic, i64>,
-    by_due: BTreeSet<(i64, Topic)>,
-    last_rescan: Option<Instant>,
-    /// Where the incremental rescan of the topic set stands (an SSCAN cursor).
-    cursor: u64,
-    /// Rotates the starting topic so a hot topic cannot starve the others.
-    turn: usize,
-    /// Topics the reserve script found paused, and when: their due jobs wait, so the
-    /// plan leaves them out instead of asking again on every pass (no spinning).
-    paused: HashMap<Topic, Instant>,
-}
-
-impl Plan {
-    /// Records a topic's earliest due time (`None`: nothing scheduled).
-    fn set(&mut self, topic: &Topic, due: Option<i64>) {
-        if let Some(old) = self.next_due.remove(topic) {
-            self.by_due.remove(&(old, topic.clone()));
-        }
-        if let Some(due) = due {
-            self.next_due.insert(topic.clone(), due);
-            self.by_due.insert((due, topic.clone()));
-        }
-    }
-
-    /// Moves a topic's due time earlier (a hint never delays a topic).
-    fn lower(&mut self, topic: Topic, due: i64) {
-        if self.next_due.get(&topic).is_none_or(|&known| due < known) {
-            self.set(&topic, Some(due));
-        }
-    }
-
-    /// Topics due at `now`, earliest first.
-    fn due(&self, now: i64) -> Vec<Topic> {
-        self.by_due
-            .iter()
-            .take_while(|(due, _)| *due <= now)
-            .map(|(_, topic)| topic.clone())
-            .collect()
-    }
-
-    #[cfg(test)]
-    fn earliest(&self) -> Option<i64> {
-        self.by_due.first().map(|(due, _)| *due)
-    }
-
-    /// The earliest due time of a topic not in `skip` (topics waiting for a sink slot).
-    fn earliest_except(&self, skip: &HashSet<Topic>) -> Option<i64> {
-        self.by_due
-            .iter()
-            .find(|(_, topic)| !skip.contains(topic))
-            .map(|(due, _)| *due)
-    }
-
-    /// A reserve reply: a paused topic leaves the plan until a hint (resume, put) or
-    /// [`PAUSED_RECHECK`]; otherwise its next due time is recorded.
-    fn reserved(&mut self, topic: &Topic, paused: bool, next_due: Option<i64>) {
-        if paused {
-            self.paused.insert(topic.clone(), Instant::now());
-            self.set(topic, None);
-        } else {
-            self.paused.remove(topic);
-            self.set(topic, next_due);
-        }
-    }
-
-    /// A hint: the topic's head moved earlier, or it was resumed.
-    fn hinted(&mut self, topic: Topic, due: i64) {
-        self.paused.remove(&topic);
-        self.lower(topic, due);
-    }
-
-    /// A rescan's reading of a topic's head; a topic recently found paused is skipped.
-    fn rescanned(&mut self, topic: &Topic, head: Option<i64>) {
-        match self.paused.get(topic) {
-            Some(at) if at.elapsed() < PAUSED_RECHECK => self.set(topic, None),
-            _ => {
-                self.paused.remove(topic);
-                self.set(topic, head);
-            }
-        }
-    }
-}
 
 #[derive(Debug)]
 pub struct Dispatcher {
@@ -430,15 +340,7 @@ impl Dispatcher {
                     for job in jobs {
                         match sink::ticket(&topic, &job) {
                             Err((lease, reason)) => {
-                                tracing::error!(%topic, id = %job.id, %reason, "series not delivered");
-                                settler
-                                    .fail(
-                                        &lease,
-                                        settler.retry_delay(job.attempt),
-                                        "error",
-                                        &reason,
-                                    )
-                                    .await;
+                                settler.fail_unreadable(&lease, job.attempt, &reason).await;
                             }
                             Ok(ticket)
                                 if self.expiry.take_expired(
@@ -505,8 +407,9 @@ impl Dispatcher {
 
     /// Publishes reserved jobs in order, each under a permit of the confirm window
     /// (the first one already taken). `Ok(false)` when the window closed (the session
-    /// is ending). If the channel fails, everything reserved and not sent is handed
-    /// back, so it is due again now instead of after the TTR.
+    /// is ending). If the channel fails, everything reserved and not sent is failed
+    /// back to the store (`Settler::fail_unsent`), so it is due again now instead of
+    /// after the TTR.
     async fn publish_reserved(
         &self,
         channel: &Channel,
@@ -532,10 +435,11 @@ impl Dispatcher {
                     .publish(channel, &topic, &job, permit, in_flight, settler)
                     .await
                 {
-                    self.hand_back(&topic, std::iter::once(job).chain(jobs).collect(), &err)
-                        .await;
+                    let reason = format!("channel error: {err}");
+                    let unsent = std::iter::once(job).chain(jobs).collect();
+                    settler.fail_unsent(&topic, unsent, &reason).await;
                     for (topic, jobs) in topics {
-                        self.hand_back(&topic, jobs, &err).await;
+                        settler.fail_unsent(&topic, jobs, &reason).await;
                     }
                     return Err(err);
                 }
@@ -557,10 +461,7 @@ impl Dispatcher {
             Ok(ticket) => ticket,
             Err((lease, reason)) => {
                 drop(permit);
-                tracing::error!(%topic, id = %job.id, %reason, "series not delivered");
-                settler
-                    .fail(&lease, settler.retry_delay(job.attempt), "error", &reason)
-                    .await;
+                settler.fail_unreadable(&lease, job.attempt, &reason).await;
                 return Ok(());
             }
         };
@@ -600,21 +501,6 @@ impl Dispatcher {
             tracing::warn!("the confirmer has stopped; a published job waits for its requeue");
         }
         Ok(())
-    }
-
-    /// Hands back jobs reserved but not published because the channel failed: due
-    /// again now, the failure recorded on each (it counts towards `max_attempts`).
-    async fn hand_back(&self, topic: &Topic, jobs: Vec<ReservedJob>, error: &AmqpError) {
-        let reason = format!("channel error: {error}");
-        let settler = self.settler();
-        for job in jobs {
-            let lease = crate::store::Lease {
-                topic: topic.clone(),
-                id: job.id,
-                token: job.token,
-            };
-            settler.fail(&lease, Duration::ZERO, "error", &reason).await;
-        }
     }
 
     /// Re-reads the earliest due time of the next [`RESCAN_CHUNK`] known topics, or of
@@ -701,54 +587,6 @@ fn watch_blocked(connection: &Connection, shutdown: CancellationToken) -> watch:
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn t(name: &str) -> Topic {
-        Topic::new(name).unwrap()
-    }
-
-    #[test]
-    fn the_plan_orders_topics_by_due_time_and_hints_only_move_them_earlier() {
-        let mut plan = Plan::default();
-        plan.set(&t("a"), Some(300));
-        plan.set(&t("b"), Some(100));
-        plan.set(&t("c"), Some(200));
-        assert_eq!(plan.earliest(), Some(100));
-        assert_eq!(plan.due(250), vec![t("b"), t("c")]);
-
-        plan.lower(t("a"), 50);
-        plan.lower(t("b"), 500); // later than known: ignored
-        assert_eq!(plan.due(150), vec![t("a"), t("b")]);
-
-        plan.set(&t("a"), None);
-        plan.set(&t("b"), Some(400));
-        assert_eq!(plan.due(1_000), vec![t("c"), t("b")]);
-        assert_eq!(plan.next_due.len(), plan.by_due.len(), "both indexes agree");
-    }
-
-    #[test]
-    fn a_paused_topic_leaves_the_plan_until_a_hint_or_the_recheck() {
-        let mut plan = Plan::default();
-        plan.set(&t("paused"), Some(100));
-        plan.set(&t("flowing"), Some(100));
-        // The reserve script refused the paused topic: it is no longer due, so the loop
-        // does not ask again and again, while the other topic stays planned.
-        plan.reserved(&t("paused"), true, None);
-        assert_eq!(plan.due(1_000), vec![t("flowing")]);
-        // A rescan soon after does not bring it back ...
-        plan.rescanned(&t("paused"), Some(100));
-        assert_eq!(plan.due(1_000), vec![t("flowing")]);
-        // ... a hint (the resume notification, a put) does, at once.
-        plan.hinted(t("paused"), 100);
-        assert_eq!(plan.due(1_000), vec![t("flowing"), t("paused")]);
-        assert!(plan.paused.is_empty());
-        // Found paused again, then the recheck interval passes: a rescan looks again.
-        plan.reserved(&t("paused"), true, None);
-        if let Some(at) = plan.paused.get_mut(&t("paused")) {
-            *at -= PAUSED_RECHECK;
-        }
-        plan.rescanned(&t("paused"), Some(100));
-        assert_eq!(plan.due(1_000), vec![t("flowing"), t("paused")]);
-    }
 
     #[test]
     fn retry_delays_double_up_to_the_cap() {

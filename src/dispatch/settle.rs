@@ -6,13 +6,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::ServerClock;
+use super::clock::ServerClock;
 use crate::config::Config;
 use crate::feed::{Event, Feed};
+use crate::job::Topic;
 use crate::metrics::Metrics;
 use crate::schedule::Schedule;
 use crate::store::{
-    Delivered, DueHints, Expired, Lease, NextDue, Noted, RetryOutcome, Store, StoreError,
+    Delivered, DueHints, Expired, Lease, NextDue, Noted, ReservedJob, RetryOutcome, Store,
+    StoreError,
 };
 
 /// One reserved job on its way through a sink: what settling it needs.
@@ -129,10 +131,11 @@ impl Settler {
         }
     }
 
-    /// Hands a reserved job back, due again after `delay`, without recording a failure
+    /// Puts a reserved job off, due again after `delay`, without recording a failure
     /// (an expired job of a webhook topic while no broker channel is open to set it
     /// aside on); if even that fails, its reservation expires and it is requeued.
-    pub(crate) async fn hand_back(&self, lease: &Lease, delay: Duration) {
+    /// (A failed delivery is [`Settler::fail`].)
+    pub(crate) async fn defer(&self, lease: &Lease, delay: Duration) {
         match self.store.retry(lease, delay).await {
             Ok(true) => {
                 let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
@@ -172,6 +175,27 @@ impl Settler {
             Ok(RetryOutcome::Stale) => {}
             Err(err) => tracing::warn!(topic = %lease.topic, id = %lease.id, error = %err,
                 "could not hand back a job whose delivery failed; it is requeued after its time-to-run"),
+        }
+    }
+
+    /// A series occurrence that cannot be delivered because its next occurrence cannot
+    /// be computed ([`super::sink::ticket`]): its failure, with the usual backoff.
+    pub(crate) async fn fail_unreadable(&self, lease: &Lease, attempt: u32, reason: &str) {
+        tracing::error!(topic = %lease.topic, id = %lease.id, %reason, "series not delivered");
+        self.fail(lease, self.retry_delay(attempt), "error", reason)
+            .await;
+    }
+
+    /// Jobs reserved but not sent because the sink's channel failed: due again now, the
+    /// failure recorded on each (it counts towards `max_attempts`).
+    pub(crate) async fn fail_unsent(&self, topic: &Topic, jobs: Vec<ReservedJob>, reason: &str) {
+        for job in jobs {
+            let lease = Lease {
+                topic: topic.clone(),
+                id: job.id,
+                token: job.token,
+            };
+            self.fail(&lease, Duration::ZERO, "error", reason).await;
         }
     }
 

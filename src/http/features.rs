@@ -13,7 +13,7 @@ use super::params::{parse_count, parse_id, parse_topic};
 use super::{ApiError, AppState};
 use crate::feed::Event;
 use crate::job::{Due, JobId, PutMode, Topic};
-use crate::schedule::Schedule;
+use crate::schedule::{PartsError, Schedule, ScheduleParts};
 use crate::store::{PutOutcome, PutRequest, MAX_BATCH};
 use crate::view::{HistoryView, PauseView, RedriveView};
 
@@ -160,40 +160,35 @@ pub(super) fn recurrence(
             )));
         }
     }
-    let schedule = match (every, cron, tz) {
-        (Some(_), Some(_), _) => {
-            return Err(ApiError::bad_request("give every or cron, not both"));
-        }
-        (Some(_), None, Some(_)) | (None, None, Some(_)) => {
-            return Err(ApiError::bad_request("tz is only meaningful with cron"));
-        }
-        (Some(every), None, None) => {
-            Schedule::parse_every(every, state.config.limits.min_interval_ms)
-                .map_err(|e| ApiError::bad_request(format!("every: {e}")))?
-        }
-        (None, Some(cron), tz) => {
-            Schedule::cron(cron, tz).map_err(|e| ApiError::bad_request(format!("cron: {e}")))?
-        }
-        (None, None, None) => {
-            return match jitter {
-                Some(_) => Err(ApiError::bad_request(
-                    "jitter is only for a recurring job (give every or cron): a one-shot job has no occurrences to spread",
-                )),
-                None => Ok(None),
-            };
-        }
+    let parts = ScheduleParts {
+        every,
+        cron,
+        tz,
+        jitter,
     };
-    let jitter_ms = match jitter {
-        None => 0,
-        Some(text) => crate::schedule::parse_jitter(text)
-            .and_then(|ms| schedule.check_jitter(ms))
-            .map_err(|e| ApiError::bad_request(format!("jitter: {e}")))?,
-    };
+    let (schedule, jitter_ms) =
+        match Schedule::from_parts(parts, state.config.limits.min_interval_ms) {
+            Ok(Some(recurring)) => recurring,
+            Ok(None) => return Ok(None),
+            Err(err) => return Err(ApiError::bad_request(parts_error(&err))),
+        };
     Ok(Some(Recurrence {
         schedule,
         explicit,
         jitter_ms,
     }))
+}
+
+/// A refused schedule in the query parameters' names.
+fn parts_error(err: &PartsError) -> String {
+    match err {
+        PartsError::BothEveryAndCron => "give every or cron, not both".to_owned(),
+        PartsError::TzWithoutCron => "tz is only meaningful with cron".to_owned(),
+        PartsError::JitterWithoutSchedule => "jitter is only for a recurring job (give every or cron): a one-shot job has no occurrences to spread".to_owned(),
+        PartsError::Every(e) => format!("every: {e}"),
+        PartsError::Cron(e) => format!("cron: {e}"),
+        PartsError::Jitter(e) => format!("jitter: {e}"),
+    }
 }
 
 impl Recurrence {

@@ -1,14 +1,19 @@
-//! Turning one AMQP delivery into a store command, or into the reason it is invalid.
+//! Turning one AMQP delivery into a store command, or into the reason it is invalid,
+//! once: [`decode`] reads every header a command may carry and yields an [`Incoming`]
+//! holding what the rest of ingest needs (op, topic, id, schedule, reply address), so
+//! nothing after it reads the delivery's headers again (a set-aside only republishes
+//! them as they came).
 //!
 //! The rules are the wire contract (README, "Commands in"): routing key = topic,
 //! `message_id` = job id, `x-redisched-op` = put | replace | delete | delete-prefix
 //! (`message_id` = the id prefix), `x-delay` (ms) or
 //! `x-deliver-at` (epoch ms) for the due time, body stored verbatim; a put or replace
 //! may carry `x-redisched-every` or `x-redisched-cron` (+ `x-redisched-tz`) to make the
-//! job a recurring series (README, "Recurring schedules over AMQP").
+//! job a recurring series (README, "Recurring schedules over AMQP"). The combination
+//! rule of the schedule headers is every face's ([`Schedule::from_parts`]).
 
 use lapin::message::Delivery;
-use lapin::types::AMQPValue;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::BasicProperties;
 
 use crate::amqp::{
@@ -16,8 +21,9 @@ use crate::amqp::{
 };
 use crate::job::float_millis;
 use crate::job::{Due, IdPrefix, JobId, PutMode, Topic};
-use crate::schedule::Schedule;
+use crate::schedule::{parse_jitter, PartsError, Schedule, ScheduleParts};
 use crate::store::{Command, Limits, Op, PutRequest};
+use crate::targets::TargetConfig;
 
 /// Why a command cannot be applied; becomes the `x-redisched-error` header.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -36,6 +42,81 @@ pub struct Rules {
     pub min_interval_ms: u64,
 }
 
+/// One delivery as decoded: what it names and where its answer goes, and its command
+/// (the store's work) or why it is set aside.
+#[derive(Debug)]
+pub(super) struct Incoming {
+    pub envelope: Envelope,
+    pub command: Result<Request, Invalid>,
+}
+
+/// What a delivery names and where its answer goes, known even when it is invalid: for
+/// metrics, the live feed, the log and the reply.
+#[derive(Debug)]
+pub(super) struct Envelope {
+    /// The routing key as given.
+    pub topic: String,
+    /// The job id (a `delete-prefix`: the id prefix) as given, if it could be read.
+    pub id: Option<String>,
+    /// The op as named in `x-redisched-op`, for metrics: `put` (also when absent),
+    /// `replace`, `delete`, `delete-prefix`, or `unknown`.
+    pub op_name: &'static str,
+    /// Where to answer, if the producer asked (`reply_to`).
+    pub reply: Option<ReplyTo>,
+}
+
+/// A command's reply address: `reply_to`, and the `correlation_id` the reply carries back.
+#[derive(Debug, Clone)]
+pub(super) struct ReplyTo {
+    pub queue: ShortString,
+    pub correlation_id: Option<ShortString>,
+}
+
+/// A valid command, by how it is applied.
+#[derive(Debug)]
+pub(super) enum Request {
+    /// A put, replace or delete: applied in a batch, after [`Decoded::resolve`].
+    Batched(Decoded),
+    /// A `delete-prefix`: applied on its own, between the commands before and after it.
+    PrefixDelete { topic: Topic, prefix: IdPrefix },
+}
+
+/// Decodes a delivery once (see the module docs). A put naming its own URL
+/// (`x-redisched-url`) is checked against `targets` here too (`job_url`).
+pub(super) fn decode(delivery: &Delivery, rules: Rules, targets: &[TargetConfig]) -> Incoming {
+    let props = &delivery.properties;
+    let op_name = op_name(props);
+    let command = if op_name == PREFIX_DELETE {
+        decode_prefix_delete(delivery)
+            .map(|(topic, prefix)| Request::PrefixDelete { topic, prefix })
+    } else {
+        decode_parts(delivery.routing_key.as_str(), props, &delivery.data, rules)
+            .and_then(|decoded| check_url(decoded, targets))
+            .map(Request::Batched)
+    };
+    Incoming {
+        envelope: Envelope {
+            topic: delivery.routing_key.to_string(),
+            id: job_id(props).ok().flatten(),
+            op_name,
+            reply: props.reply_to().as_ref().map(|queue| ReplyTo {
+                queue: queue.clone(),
+                correlation_id: props.correlation_id().clone(),
+            }),
+        },
+        command,
+    }
+}
+
+/// A put's own URL checked at the door (`job_url`); deletes and puts without one pass.
+fn check_url(decoded: Decoded, targets: &[TargetConfig]) -> Result<Decoded, Invalid> {
+    if let (Op::Put(put), Some(url)) = (&decoded.op, decoded.url.as_deref()) {
+        super::job_url::check(&put.topic, url, targets)
+            .map_err(|reason| invalid(format!("{}: {reason}", headers::URL)))?;
+    }
+    Ok(decoded)
+}
+
 /// The op a command asks for, as named in `x-redisched-op`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OpName {
@@ -44,8 +125,10 @@ enum OpName {
     Delete,
 }
 
-/// A decoded command. A cron series still needs "now" (the Redis server's clock) for its
-/// first occurrence: [`Decoded::needs_now`], then [`Decoded::resolve`].
+/// A decoded put, replace or delete. A cron series still needs "now" (the Redis
+/// server's clock) for its first occurrence: that is the one step left after decoding,
+/// [`Decoded::resolve`] ([`Decoded::needs_now`] says whether it reads the clock; ingest
+/// asks Redis once per batch that has any).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decoded {
     op: Op,
@@ -55,6 +138,8 @@ pub struct Decoded {
     cron_start: Option<Option<Due>>,
     /// `x-redisched-jitter` (ms, checked against the schedule), 0 for none.
     jitter_ms: u64,
+    /// A put's `x-redisched-url` (checked against the targets by `job_url`).
+    url: Option<String>,
 }
 
 impl Decoded {
@@ -64,6 +149,11 @@ impl Decoded {
 
     pub fn schedule(&self) -> Option<&Schedule> {
         self.schedule.as_ref()
+    }
+
+    /// A put's own URL (`x-redisched-url`), if it names one.
+    pub fn url(&self) -> Option<&str> {
+        self.url.as_deref()
     }
 
     /// Whether [`Decoded::resolve`] needs the server's clock (a cron series).
@@ -80,6 +170,7 @@ impl Decoded {
             schedule,
             cron_start,
             jitter_ms,
+            url: _,
         } = self;
         if let (Some(start), Some(schedule), Op::Put(put)) = (cron_start, &schedule, &mut op) {
             // The one rule of every face (`Schedule::first_due`): the first match at or
@@ -114,16 +205,6 @@ impl Decoded {
     }
 }
 
-/// Whether a delivery is `x-redisched-op: delete-prefix`: such a command is applied on
-/// its own, between the commands before and after it (see [`decode_prefix_delete`]).
-pub(super) fn is_prefix_delete(props: &BasicProperties) -> bool {
-    let op = props
-        .headers()
-        .as_ref()
-        .and_then(|t| t.inner().get(headers::OP));
-    op.and_then(text).as_deref() == Some(PREFIX_DELETE)
-}
-
 /// The op value that cancels every job of the topic whose id starts with `message_id`.
 pub(super) const PREFIX_DELETE: &str = "delete-prefix";
 
@@ -131,7 +212,7 @@ pub(super) const PREFIX_DELETE: &str = "delete-prefix";
 /// or `x-redisched-id`), at least [`crate::job::MIN_PREFIX_CHARS`] characters (there is no forcing
 /// over AMQP: a shorter prefix is almost always a mistake, and the CLI and REST can
 /// force one).
-pub(super) fn decode_prefix_delete(delivery: &Delivery) -> Result<(Topic, IdPrefix), Invalid> {
+fn decode_prefix_delete(delivery: &Delivery) -> Result<(Topic, IdPrefix), Invalid> {
     let props = &delivery.properties;
     if let Some(reason) = props.headers().as_ref().and_then(too_deep) {
         return Err(invalid(reason));
@@ -151,77 +232,34 @@ pub(super) fn decode_prefix_delete(delivery: &Delivery) -> Result<(Topic, IdPref
     Ok((topic, prefix))
 }
 
-pub fn decode(delivery: &Delivery, rules: Rules) -> Result<Decoded, Invalid> {
-    decode_parts(
-        delivery.routing_key.as_str(),
-        &delivery.properties,
-        &delivery.data,
-        rules,
-    )
-}
-
-#[allow(
-    clippy::too_many_lines,
-    reason = "the headers of one command in the wire table's order, each refused in the producer's terms"
-)]
+/// Decodes a put, replace or delete from its parts, in the wire table's order, each
+/// header refused in the producer's terms: the ids and the op, then (a put or replace)
+/// the schedule, the due time and the body, and the properties stored with the job.
 pub fn decode_parts(
     routing_key: &str,
     props: &BasicProperties,
     body: &[u8],
     rules: Rules,
 ) -> Result<Decoded, Invalid> {
-    let limits = rules.limits;
     // First: everything below clones, encodes or compares header values, which recurses
     // once per nesting level.
     if let Some(reason) = props.headers().as_ref().and_then(too_deep) {
         return Err(invalid(reason));
     }
-    let topic =
-        Topic::new(routing_key).map_err(|e| invalid(format!("bad topic (routing key): {e}")))?;
-    let id = job_id(props).map_err(invalid)?.ok_or_else(|| {
-        invalid(format!(
-            "missing message_id (or header {}): it carries the job id",
-            headers::ID
-        ))
-    })?;
-    let source = if props.message_id().is_some() {
-        "message_id"
-    } else {
-        headers::ID
-    };
-    let id = JobId::new(&id).map_err(|e| invalid(format!("bad {source}: {e}")))?;
+    let (topic, id) = topic_and_id(routing_key, props)?;
     let table = props.headers().as_ref();
     let header = |name: &str| table.and_then(|t| t.inner().get(name));
     if let Some(table) = table {
         refuse_unknown_headers(table)?;
     }
-
-    let op = match header(headers::OP) {
-        None => OpName::Put,
-        Some(value) => match text(value).as_deref() {
-            Some("put") => OpName::Put,
-            Some("replace") => OpName::Replace,
-            Some("delete") => OpName::Delete,
-            Some(PREFIX_DELETE) => {
-                return Err(invalid(format!(
-                    "internal: {PREFIX_DELETE} is applied on its own, not in a batch"
-                )))
-            }
-            _ => {
-                return Err(invalid(format!(
-                    "unknown {}: {} (expected put, replace, delete or {PREFIX_DELETE})",
-                    headers::OP,
-                    show(value)
-                )))
-            }
-        },
-    };
+    let op = op_of(header(headers::OP))?;
     if op == OpName::Delete {
         return Ok(Decoded {
             op: Op::Delete { topic, id },
             schedule: None,
             cron_start: None,
             jitter_ms: 0,
+            url: None,
         });
     }
     // Kept in the stored properties as given (dispatch reads it there); checked here so
@@ -229,56 +267,24 @@ pub fn decode_parts(
     if let Some(value) = header(headers::EXPIRES_AFTER) {
         crate::expiry::from_header(value).map_err(|e| invalid(e.0))?;
     }
-    let schedule = schedule(
-        header(headers::EVERY),
-        header(headers::CRON),
-        header(headers::TZ),
-        rules.min_interval_ms,
+    let recurring = schedule(table, rules.min_interval_ms)?;
+    let given = due_of(
+        header(headers::DELAY),
+        header(headers::DELIVER_AT),
+        rules.limits,
     )?;
-    let jitter_ms = jitter(header(headers::JITTER), schedule.as_ref())?;
-
-    let due = match (header(headers::DELAY), header(headers::DELIVER_AT)) {
-        (Some(_), Some(_)) => {
-            return Err(invalid(format!(
-                "both {} and {} are set; give one",
-                headers::DELAY,
-                headers::DELIVER_AT
-            )))
-        }
-        (Some(delay), None) => {
-            let (ms, given) = millis(delay, headers::DELAY)?;
-            let due = Due::delay(headers::DELAY, &given, ms).map_err(|e| invalid(e.to_string()))?;
-            if ms > i128::from(limits.max_delay_ms) {
-                return Err(invalid(format!(
-                    "{} {given} ms exceeds the maximum delay of {} ms",
-                    headers::DELAY,
-                    limits.max_delay_ms
-                )));
-            }
-            Some(due)
-        }
-        (None, Some(at)) => {
-            let (ms, given) = millis(at, headers::DELIVER_AT)?;
-            Some(Due::at(headers::DELIVER_AT, &given, ms).map_err(|e| invalid(e.to_string()))?)
-        }
-        (None, None) => None,
-    };
-    if body.len() > limits.max_body_bytes {
+    if body.len() > rules.limits.max_body_bytes {
         return Err(invalid(format!(
             "body is {} bytes, the limit is {}",
             body.len(),
-            limits.max_body_bytes
+            rules.limits.max_body_bytes
         )));
     }
-    // The first occurrence of a series: as given, else one interval from now; a cron
-    // series' is found once the server's clock is known (`Decoded::resolve`).
-    let (due, cron_start) = match (&schedule, due) {
-        (Some(Schedule::Every { ms }), None) => {
-            (Due::Delay(i64::try_from(*ms).unwrap_or(i64::MAX)), None)
-        }
-        (Some(Schedule::Cron { .. }), given) => (Due::NOW, Some(given)),
-        (_, given) => (given.unwrap_or(Due::NOW), None),
+    let (schedule, jitter_ms) = match recurring {
+        Some((schedule, jitter_ms)) => (Some(schedule), jitter_ms),
+        None => (None, 0),
     };
+    let (due, cron_start) = first_due(schedule.as_ref(), given);
     let delivered = match due {
         // As the delayed-message plugin does: consumers written for it read x-delay.
         // Not for a series: its later occurrences were never delayed by that much.
@@ -287,6 +293,7 @@ pub fn decode_parts(
         }
         _ => forwardable(props),
     };
+    let url = header(headers::URL).map(url_of).transpose()?;
     Ok(Decoded {
         op: Op::Put(PutRequest {
             topic,
@@ -303,47 +310,110 @@ pub fn decode_parts(
         schedule,
         cron_start,
         jitter_ms,
+        url,
     })
 }
 
-/// `x-redisched-jitter`: ms (an integer, or a numeric string) >= 0, only on a series,
-/// below an interval's length.
-fn jitter(value: Option<&AMQPValue>, schedule: Option<&Schedule>) -> Result<u64, Invalid> {
+/// The topic (routing key) and the job id (`message_id`, or `x-redisched-id`).
+fn topic_and_id(routing_key: &str, props: &BasicProperties) -> Result<(Topic, JobId), Invalid> {
+    let topic =
+        Topic::new(routing_key).map_err(|e| invalid(format!("bad topic (routing key): {e}")))?;
+    let id = job_id(props).map_err(invalid)?.ok_or_else(|| {
+        invalid(format!(
+            "missing message_id (or header {}): it carries the job id",
+            headers::ID
+        ))
+    })?;
+    let source = if props.message_id().is_some() {
+        "message_id"
+    } else {
+        headers::ID
+    };
+    let id = JobId::new(&id).map_err(|e| invalid(format!("bad {source}: {e}")))?;
+    Ok((topic, id))
+}
+
+/// `x-redisched-op` of a batched command (a `delete-prefix` never reaches here).
+fn op_of(value: Option<&AMQPValue>) -> Result<OpName, Invalid> {
     let Some(value) = value else {
-        return Ok(0);
+        return Ok(OpName::Put);
     };
-    let bad = |e: crate::schedule::ScheduleError| invalid(format!("{}: {e}", headers::JITTER));
-    let ms = match integer(value) {
-        Some(ms) => u64::try_from(ms).map_err(|_| {
-            bad(crate::schedule::ScheduleError::BadJitter {
-                text: ms.to_string(),
-            })
-        })?,
-        None => match text(value) {
-            Some(given) => crate::schedule::parse_jitter(&given).map_err(bad)?,
-            None => {
-                return Err(invalid(format!(
-                    "{} must be an integer number of milliseconds (or a numeric string), got {}",
-                    headers::JITTER,
-                    show(value)
-                )))
-            }
-        },
-    };
-    match schedule {
-        Some(schedule) => schedule.check_jitter(ms).map_err(bad),
-        None if ms == 0 => Ok(0),
-        None => Err(invalid(format!(
-            "{} is only used with {} or {} (a one-shot job has no occurrences to spread)",
-            headers::JITTER,
-            headers::EVERY,
-            headers::CRON
+    match text(value).as_deref() {
+        Some("put") => Ok(OpName::Put),
+        Some("replace") => Ok(OpName::Replace),
+        Some("delete") => Ok(OpName::Delete),
+        Some(PREFIX_DELETE) => Err(invalid(format!(
+            "internal: {PREFIX_DELETE} is applied on its own, not in a batch"
+        ))),
+        _ => Err(invalid(format!(
+            "unknown {}: {} (expected put, replace, delete or {PREFIX_DELETE})",
+            headers::OP,
+            show(value)
         ))),
     }
 }
 
+/// The due time asked for: `x-delay` (at most `limits.max_delay_ms`) or `x-deliver-at`,
+/// never both; `None` for neither.
+fn due_of(
+    delay: Option<&AMQPValue>,
+    deliver_at: Option<&AMQPValue>,
+    limits: Limits,
+) -> Result<Option<Due>, Invalid> {
+    match (delay, deliver_at) {
+        (Some(_), Some(_)) => Err(invalid(format!(
+            "both {} and {} are set; give one",
+            headers::DELAY,
+            headers::DELIVER_AT
+        ))),
+        (Some(delay), None) => {
+            let (ms, given) = millis(delay, headers::DELAY)?;
+            let due = Due::delay(headers::DELAY, &given, ms).map_err(|e| invalid(e.to_string()))?;
+            if ms > i128::from(limits.max_delay_ms) {
+                return Err(invalid(format!(
+                    "{} {given} ms exceeds the maximum delay of {} ms",
+                    headers::DELAY,
+                    limits.max_delay_ms
+                )));
+            }
+            Ok(Some(due))
+        }
+        (None, Some(at)) => {
+            let (ms, given) = millis(at, headers::DELIVER_AT)?;
+            Due::at(headers::DELIVER_AT, &given, ms)
+                .map(Some)
+                .map_err(|e| invalid(e.to_string()))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+/// The first occurrence of a put: as given, else now; for a series as given, else one
+/// interval from now. A cron series' is found once the server's clock is known
+/// ([`Decoded::resolve`]): `Some(the start as given)` in the second place.
+fn first_due(schedule: Option<&Schedule>, given: Option<Due>) -> (Due, Option<Option<Due>>) {
+    match (schedule, given) {
+        (Some(Schedule::Every { ms }), None) => {
+            (Due::Delay(i64::try_from(*ms).unwrap_or(i64::MAX)), None)
+        }
+        (Some(Schedule::Cron { .. }), given) => (Due::NOW, Some(given)),
+        (_, given) => (given.unwrap_or(Due::NOW), None),
+    }
+}
+
+/// `x-redisched-url` as text (its prefix is checked against the targets by `job_url`).
+fn url_of(value: &AMQPValue) -> Result<String, Invalid> {
+    match value {
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes())
+            .map(str::to_owned)
+            .map_err(|_| invalid(format!("{} is not UTF-8 text", headers::URL))),
+        AMQPValue::ShortString(s) => Ok(s.as_str().to_owned()),
+        _ => Err(invalid(format!("{} must be a text header", headers::URL))),
+    }
+}
+
 /// Refuses any `x-redisched-*` header (any case) the bridge does not know.
-fn refuse_unknown_headers(table: &lapin::types::FieldTable) -> Result<(), Invalid> {
+fn refuse_unknown_headers(table: &FieldTable) -> Result<(), Invalid> {
     let mut unknown: Vec<&str> = table
         .inner()
         .keys()
@@ -371,70 +441,78 @@ fn refuse_unknown_headers(table: &lapin::types::FieldTable) -> Result<(), Invali
     )))
 }
 
-/// The schedule a put or replace asks for, if any.
+/// The schedule and jitter a put or replace asks for, if any: the headers' values as
+/// text (an integer of any AMQP width for `every` and `jitter`), then every face's rule
+/// ([`Schedule::from_parts`]), its refusals named in header terms.
 fn schedule(
-    every: Option<&AMQPValue>,
-    cron: Option<&AMQPValue>,
-    tz: Option<&AMQPValue>,
+    table: Option<&FieldTable>,
     min_interval_ms: u64,
-) -> Result<Option<Schedule>, Invalid> {
-    match (every, cron, tz) {
-        (Some(_), Some(_), _) => Err(invalid(format!(
+) -> Result<Option<(Schedule, u64)>, Invalid> {
+    let header = |name: &str| table.and_then(|t| t.inner().get(name));
+    let millis_text = |name: &str| {
+        match header(name) {
+        None => Ok(None),
+        Some(value) => match integer(value) {
+            Some(ms) => Ok(Some(ms.to_string())),
+            None => text(value).map(Some).ok_or_else(|| {
+                invalid(format!(
+                    "{name} must be an integer number of milliseconds (or a numeric string), got {}",
+                    show(value)
+                ))
+            }),
+        },
+    }
+    };
+    let text_of = |name: &str, what: &str| match header(name) {
+        None => Ok(None),
+        Some(value) => text(value)
+            .map(Some)
+            .ok_or_else(|| invalid(format!("{name} must be a text {what}, got {}", show(value)))),
+    };
+    let every = millis_text(headers::EVERY)?;
+    let cron = text_of(headers::CRON, "cron expression")?;
+    let tz = text_of(headers::TZ, "IANA time zone name")?;
+    let jitter = millis_text(headers::JITTER)?;
+    let parts = ScheduleParts {
+        every: every.as_deref(),
+        cron: cron.as_deref(),
+        tz: tz.as_deref(),
+        jitter: jitter.as_deref(),
+    };
+    let named = |name: &str, e: crate::schedule::ScheduleError| invalid(format!("{name}: {e}"));
+    match Schedule::from_parts(parts, min_interval_ms) {
+        Ok(recurring) => Ok(recurring),
+        Err(PartsError::BothEveryAndCron) => Err(invalid(format!(
             "both {} and {} are set; give one",
             headers::EVERY,
             headers::CRON
         ))),
-        (Some(_), None, Some(_)) | (None, None, Some(_)) => Err(invalid(format!(
+        Err(PartsError::TzWithoutCron) => Err(invalid(format!(
             "{} is only used with {}",
             headers::TZ,
             headers::CRON
         ))),
-        (Some(every), None, None) => {
-            let bad =
-                |e: crate::schedule::ScheduleError| invalid(format!("{}: {e}", headers::EVERY));
-            let schedule = match integer(every) {
-                Some(ms) => Schedule::every(ms, min_interval_ms).map_err(bad)?,
-                None => match text(every) {
-                    Some(given) => Schedule::parse_every(&given, min_interval_ms).map_err(bad)?,
-                    None => {
-                        return Err(invalid(format!(
-                            "{} must be an integer number of milliseconds (or a numeric string), got {}",
-                            headers::EVERY,
-                            show(every)
-                        )))
-                    }
-                },
-            };
-            Ok(Some(schedule))
+        // Over AMQP a jitter of 0 on a one-shot job is accepted as none, as it always was.
+        Err(PartsError::JitterWithoutSchedule) => {
+            match parse_jitter(jitter.as_deref().unwrap_or_default()) {
+                Ok(0) => Ok(None),
+                Err(e) => Err(named(headers::JITTER, e)),
+                Ok(_) => Err(invalid(format!(
+                    "{} is only used with {} or {} (a one-shot job has no occurrences to spread)",
+                    headers::JITTER,
+                    headers::EVERY,
+                    headers::CRON
+                ))),
+            }
         }
-        (None, Some(cron), tz) => {
-            let expr = text(cron).ok_or_else(|| {
-                invalid(format!(
-                    "{} must be a text cron expression, got {}",
-                    headers::CRON,
-                    show(cron)
-                ))
-            })?;
-            let zone = match tz {
-                None => None,
-                Some(value) => Some(text(value).ok_or_else(|| {
-                    invalid(format!(
-                        "{} must be a text IANA time zone name, got {}",
-                        headers::TZ,
-                        show(value)
-                    ))
-                })?),
-            };
-            Schedule::cron(&expr, zone.as_deref())
-                .map(Some)
-                .map_err(|e| invalid(format!("{}: {e}", headers::CRON)))
-        }
-        (None, None, None) => Ok(None),
+        Err(PartsError::Every(e)) => Err(named(headers::EVERY, e)),
+        Err(PartsError::Cron(e)) => Err(named(headers::CRON, e)),
+        Err(PartsError::Jitter(e)) => Err(named(headers::JITTER, e)),
     }
 }
 
 /// The op name a delivery asks for, for metrics and replies even when it is invalid.
-pub(super) fn op_name(props: &BasicProperties) -> &'static str {
+fn op_name(props: &BasicProperties) -> &'static str {
     let value = props
         .headers()
         .as_ref()

@@ -1,0 +1,473 @@
+//! Applying one decoded batch to the store: a cron series' first occurrence resolved on
+//! the server's clock, the commands applied fenced by the session's epoch, retried while
+//! Redis is unreachable (never once the batch's channel closed), and held unacked until
+//! `redis.wait_replicas` replicas confirmed them; the session's epoch that fences it. A `delete-prefix` is a batch of its own.
+
+use std::time::{Duration, Instant};
+
+use lapin::message::Delivery;
+use lapin::Channel;
+use tokio_util::sync::CancellationToken;
+
+use super::decode::{Decoded, Envelope, Incoming, Invalid, Request, PREFIX_DELETE};
+use super::Ingest;
+use crate::job::{IdPrefix, Topic};
+use crate::store::{Applied, Command, RejectCode, Rejection, Replication, Store, StoreError};
+
+/// An ingest session's epoch (see the store's batch apply): the session part comes from
+/// the store's counter at the first batch, when this consumer became the active one, so
+/// it is newer than every session active before; the attempt part grows after each
+/// failed apply, so the retry outranks a request of this session still on its way, but
+/// never a later session (a stale session's retries stay below the session that took
+/// over its commands).
+#[derive(Default)]
+pub(super) struct Epoch(tokio::sync::Mutex<Option<(u64, u64)>>);
+
+/// Attempts per session before the session part must change (then it takes a new one).
+const EPOCH_ATTEMPTS: u64 = 1_000_000;
+
+impl Epoch {
+    pub(super) async fn get(&self, store: &Store) -> Result<u64, StoreError> {
+        let mut current = self.0.lock().await;
+        let (session, attempt) = match *current {
+            Some(parts) if parts.1 < EPOCH_ATTEMPTS => parts,
+            _ => (store.next_ingest_epoch().await?, 0),
+        };
+        *current = Some((session, attempt));
+        Ok(session * EPOCH_ATTEMPTS + attempt)
+    }
+
+    /// After an apply with `used` failed: the next one writes with a higher attempt.
+    pub(super) async fn expire(&self, used: u64) {
+        let mut current = self.0.lock().await;
+        if let Some((session, attempt)) = current.as_mut() {
+            if *session * EPOCH_ATTEMPTS + *attempt == used {
+                *attempt += 1;
+            }
+        }
+    }
+}
+
+/// A job a command names, as a hash of its topic and id: batches in flight together
+/// name disjoint jobs, so commands on one job apply in delivery order, whatever order
+/// the batches finish in. Taken from the decoded topic and id; two jobs whose hashes collide only make a batch wait for the other, which
+/// is what a shared job would do, so a collision costs time, never order.
+pub(super) type JobKey = u64;
+
+/// A delivery as taken from the queue, decoded once.
+pub(super) struct Received {
+    /// Acked once applied; republished as it came when set aside.
+    pub delivery: Delivery,
+    pub incoming: Incoming,
+}
+
+impl Received {
+    /// Whether this is a `delete-prefix` (valid or not): such a command is applied on
+    /// its own, between the commands before and after it.
+    pub(super) fn is_prefix_delete(&self) -> bool {
+        self.incoming.envelope.op_name == PREFIX_DELETE
+    }
+
+    /// The job this delivery names (none without a readable id: such a command is
+    /// invalid and touches no job).
+    pub(super) fn job_key(&self) -> Option<JobKey> {
+        use std::hash::Hasher;
+        let envelope = &self.incoming.envelope;
+        let id = envelope.id.as_deref()?;
+        // Fixed keys: the same job must hash the same in every batch.
+        let mut hasher = std::hash::DefaultHasher::new();
+        hasher.write(envelope.topic.as_bytes());
+        hasher.write_u8(0xff);
+        hasher.write(id.as_bytes());
+        Some(hasher.finish())
+    }
+}
+
+/// What a batch in flight names: its jobs (sorted, without duplicates), or everything
+/// (a `delete-prefix`, whose jobs are only known once it ran, so nothing may run
+/// beside it).
+pub(super) struct Named {
+    jobs: Vec<JobKey>,
+    barrier: bool,
+}
+
+impl Named {
+    pub(super) fn jobs(mut jobs: Vec<JobKey>) -> Self {
+        jobs.sort_unstable();
+        jobs.dedup();
+        Self {
+            jobs,
+            barrier: false,
+        }
+    }
+
+    pub(super) fn barrier() -> Self {
+        Self {
+            jobs: Vec::new(),
+            barrier: true,
+        }
+    }
+
+    pub(super) fn conflicts(&self, other: &Named) -> bool {
+        if self.barrier || other.barrier {
+            return true;
+        }
+        // Both sorted: one merge walk.
+        let (mut a, mut b) = (self.jobs.iter().peekable(), other.jobs.iter().peekable());
+        while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
+            match x.cmp(y) {
+                std::cmp::Ordering::Less => {
+                    a.next();
+                }
+                std::cmp::Ordering::Greater => {
+                    b.next();
+                }
+                std::cmp::Ordering::Equal => return true,
+            }
+        }
+        false
+    }
+}
+
+/// A batch as applied: its deliveries, for each whether it decoded (or why it is
+/// invalid), the valid ones' commands and the store's result for each, in order.
+pub(super) struct AppliedBatch {
+    /// Each delivery with what it names, in order.
+    pub batch: Vec<(Delivery, Envelope)>,
+    pub commands: Vec<Result<(), Invalid>>,
+    /// The valid commands, in order: moved here, not cloned, from the decoded batch.
+    pub ops: Vec<Command>,
+    pub results: Vec<Result<Applied, Rejection>>,
+    /// A `delete-prefix` batch (its one delivery): how many jobs went, or why not.
+    pub prefix: Option<Result<u64, Invalid>>,
+}
+
+/// A batch's deliveries with what each names, their commands taken out.
+fn envelopes(batch: Vec<Received>) -> Vec<(Delivery, Envelope)> {
+    batch
+        .into_iter()
+        .map(|Received { delivery, incoming }| (delivery, incoming.envelope))
+        .collect()
+}
+
+impl Ingest {
+    /// Applies a decoded batch; several may run at once. `None`: shutdown came, or
+    /// the consumer channel closed, while Redis was unreachable, or the session was
+    /// superseded (fenced); the batch stays unacked and is redelivered.
+    pub(super) async fn apply_batch(
+        &self,
+        store: &Store,
+        channel: &Channel,
+        batch: Vec<Received>,
+        epoch: &Epoch,
+        shutdown: &CancellationToken,
+    ) -> Option<AppliedBatch> {
+        if let [received] = batch.as_slice() {
+            if received.is_prefix_delete() {
+                let prefix = match &received.incoming.command {
+                    Ok(Request::PrefixDelete { topic, prefix }) => {
+                        self.apply_prefix(store, channel, topic, prefix, epoch, shutdown)
+                            .await?
+                    }
+                    Ok(Request::Batched(_)) => Err(Invalid(format!(
+                        "internal: {PREFIX_DELETE} decoded as a batched command"
+                    ))),
+                    Err(invalid) => Err(invalid.clone()),
+                };
+                return Some(AppliedBatch {
+                    batch: envelopes(batch),
+                    commands: Vec::new(),
+                    ops: Vec::new(),
+                    results: Vec::new(),
+                    prefix: Some(prefix),
+                });
+            }
+        }
+        let mut decoded: Vec<Result<Decoded, Invalid>> = Vec::with_capacity(batch.len());
+        let mut kept = Vec::with_capacity(batch.len());
+        for Received { delivery, incoming } in batch {
+            decoded.push(match incoming.command {
+                Ok(Request::Batched(command)) => Ok(command),
+                Ok(Request::PrefixDelete { .. }) => Err(Invalid(format!(
+                    "internal: {PREFIX_DELETE} is applied on its own, not in a batch"
+                ))),
+                Err(invalid) => Err(invalid),
+            });
+            kept.push((delivery, incoming.envelope));
+        }
+        let batch = kept;
+        // The one step left after decoding: a cron series' first occurrence is computed
+        // on the Redis server's clock, the one every due time refers to (one TIME call
+        // for a batch that has any), by `Decoded::resolve`.
+        let needs_now = decoded
+            .iter()
+            .any(|d| d.as_ref().is_ok_and(Decoded::needs_now));
+        let now = if needs_now {
+            self.until_done(shutdown, channel, || store.server_time())
+                .await?
+        } else {
+            0
+        };
+        let mut ops: Vec<Command> = Vec::with_capacity(decoded.len());
+        let commands: Vec<Result<(), Invalid>> = decoded
+            .into_iter()
+            .map(|d| d.and_then(|d| d.resolve(now)).map(|c| ops.push(c)))
+            .collect();
+        let sent = Instant::now();
+        let (results, replication) = self
+            .until_done(shutdown, channel, || {
+                self.apply(store, channel, &ops, epoch)
+            })
+            .await
+            .flatten()?;
+        if let Some(fenced) = first_fenced(&results) {
+            // Another bridge took over these commands' topics (our deliveries went back
+            // to the broker): end the session, acking nothing; what this batch applied
+            // is applied again, in order, wherever the broker redelivers it.
+            tracing::warn!(reason = %fenced, "this ingest session was superseded; reconnecting");
+            return None;
+        }
+        if !self
+            .until_replicated(store, channel, &ops, epoch, replication, sent, shutdown)
+            .await
+        {
+            return None;
+        }
+        Some(AppliedBatch {
+            batch,
+            commands,
+            ops,
+            results,
+            prefix: None,
+        })
+    }
+
+    /// Applies a `delete-prefix` alone (every batch before it is acked, none after it
+    /// started), fenced like puts and deletes. `None` as for [`Ingest::apply_batch`].
+    async fn apply_prefix(
+        &self,
+        store: &Store,
+        channel: &Channel,
+        topic: &Topic,
+        prefix: &IdPrefix,
+        epoch: &Epoch,
+        shutdown: &CancellationToken,
+    ) -> Option<Result<u64, Invalid>> {
+        let fenced = self.config.amqp.single_active_consumer;
+        let outcome = self
+            .until_done(shutdown, channel, || async {
+                let used = if fenced {
+                    Some(epoch.get(store).await?)
+                } else {
+                    None
+                };
+                if used.is_some() && !still_ours(channel) {
+                    return Ok(None);
+                }
+                match store.delete_prefix(topic, prefix, used).await {
+                    Ok(n) => Ok(Some(Ok(n))),
+                    Err(StoreError::Rejected(rejection)) => Ok(Some(Err(rejection))),
+                    Err(err) => {
+                        if let Some(used) = used {
+                            epoch.expire(used).await;
+                        }
+                        Err(err)
+                    }
+                }
+            })
+            .await
+            .flatten()?;
+        match outcome {
+            Ok(n) => {
+                tracing::info!(%topic, id_prefix = %prefix, deleted = n, "jobs cancelled by id prefix");
+                Some(Ok(n))
+            }
+            Err(rejection) if rejection.code == RejectCode::Fenced => {
+                tracing::warn!(reason = %rejection, "this ingest session was superseded; reconnecting");
+                None
+            }
+            Err(rejection) => Some(Err(Invalid(rejection.to_string()))),
+        }
+    }
+
+    /// Applies commands, fenced by the session's epoch while the commands queue has a
+    /// single active consumer (with several active consumers order is not promised,
+    /// and they would fence each other); with `redis.wait_replicas`, says what the
+    /// replicas confirmed.
+    ///
+    /// `Ok(None)`: not applied, because `channel` closed while the epoch was taken.
+    async fn apply(
+        &self,
+        store: &Store,
+        channel: &Channel,
+        ops: &[Command],
+        epoch: &Epoch,
+    ) -> Result<Option<(Vec<Result<Applied, Rejection>>, Replication)>, StoreError> {
+        if !self.config.amqp.single_active_consumer {
+            return store.apply_batch(ops, None).await.map(Some);
+        }
+        let used = epoch.get(store).await?;
+        if !still_ours(channel) {
+            return Ok(None);
+        }
+        let result = store.apply_batch(ops, Some(used)).await;
+        if result.is_err() {
+            // The request may still reach Redis later over the old connection: the
+            // retry writes with a newer epoch, so that late arrival is refused.
+            epoch.expire(used).await;
+        }
+        result.map(Some)
+    }
+
+    /// Retries a store call while Redis is unreachable: a command is never acked before
+    /// it was applied, so an outage stalls intake instead of losing commands. `None` on
+    /// shutdown, or once `channel` (the one the batch came on) is closed: the broker has
+    /// taken the batch back and may have given it to another bridge, which may have
+    /// applied it and the commands after it, so applying it here now could undo a later
+    /// delete or replace (found by `tests/chaos.rs`; `tests/faults.rs`,
+    /// `a_bridge_that_lost_its_batch_does_not_apply_it_later`).
+    async fn until_done<T, F, Fut>(
+        &self,
+        shutdown: &CancellationToken,
+        channel: &Channel,
+        mut call: F,
+    ) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if !channel.status().connected() {
+                tracing::warn!("commands channel closed while Redis was unavailable; the broker redelivers the batch, it is not applied here");
+                return None;
+            }
+            match call().await {
+                Ok(results) => {
+                    return Some(results);
+                }
+                Err(err) => {
+                    let level_error = !matches!(
+                        err,
+                        StoreError::Unavailable(_) | StoreError::NotReplicated { .. }
+                    );
+                    if level_error {
+                        tracing::error!(error = %err, "store failed a command batch; retrying");
+                    } else {
+                        tracing::warn!(error = %err, retry_in = ?backoff, "redis unavailable; commands wait");
+                    }
+                }
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Holds an applied batch, unacked, until `redis.wait_replicas` replicas confirmed
+    /// its writes: asks again after a pause (the `WAIT` itself blocks up to
+    /// `redis.wait_timeout_ms`), and applies the batch again, in order, when the
+    /// connection that wrote it was replaced (the outcomes of the first application stand).
+    /// Never nacks: a requeued command counts towards the queue's delivery limit and
+    /// would be dead-lettered while valid. `false` on shutdown, once `channel` closed (the
+    /// broker took the batch back: see [`Ingest::until_done`]), or when the re-applied
+    /// batch was fenced: the batch stays unacked and is redelivered.
+    #[allow(clippy::too_many_arguments)]
+    async fn until_replicated(
+        &self,
+        store: &Store,
+        channel: &Channel,
+        commands: &[Command],
+        epoch: &Epoch,
+        mut replication: Replication,
+        sent: Instant,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let (wanted, timeout_ms) = (
+            self.config.redis.wait_replicas,
+            self.config.redis.wait_timeout_ms,
+        );
+        let mut pause = Duration::from_millis(100);
+        let mut held = false;
+        loop {
+            let mark = match replication {
+                Replication::NotAsked => return true,
+                Replication::Confirmed { replicas } => {
+                    self.metrics
+                        .replication_wait
+                        .observe(sent.elapsed().as_secs_f64());
+                    if held {
+                        tracing::info!(replicas, waited = ?sent.elapsed(), "replicas confirmed the held command batch; acking it");
+                    }
+                    return true;
+                }
+                Replication::Short { replicas, mark } => {
+                    self.metrics.replication_shortfall("timeout");
+                    let detail =
+                        format!("{replicas} of {wanted} replicas confirmed within {timeout_ms} ms");
+                    if self
+                        .warnings
+                        .admit("*", "command batches held for replicas", &detail)
+                    {
+                        tracing::warn!(replicas, wanted, timeout_ms, "command batch applied but not acked: too few replicas confirmed it (redis.wait_replicas); holding it and asking again");
+                    }
+                    Some(mark)
+                }
+                Replication::Replaced => {
+                    self.metrics.replication_shortfall("connection_replaced");
+                    tracing::warn!("the Redis connection that wrote the held command batch was replaced; applying the batch again before waiting");
+                    None
+                }
+            };
+            held = true;
+            tokio::select! {
+                _ = shutdown.cancelled() => return false,
+                _ = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(Duration::from_secs(1));
+            let next = match &mark {
+                Some(mark) => {
+                    self.until_done(shutdown, channel, || store.wait_durable(mark))
+                        .await
+                }
+                None => match self
+                    .until_done(shutdown, channel, || {
+                        self.apply(store, channel, commands, epoch)
+                    })
+                    .await
+                    .flatten()
+                {
+                    Some((results, _)) if first_fenced(&results).is_some() => {
+                        tracing::warn!("this ingest session was superseded while its batch waited for replicas; reconnecting");
+                        return false;
+                    }
+                    applied => applied.map(|(_, replication)| replication),
+                },
+            };
+            let Some(next) = next else {
+                return false;
+            };
+            replication = next;
+        }
+    }
+}
+
+/// The first command of a batch refused because a newer ingest epoch wrote its topic.
+fn first_fenced(results: &[Result<Applied, Rejection>]) -> Option<&Rejection> {
+    results.iter().find_map(|result| match result {
+        Err(rejection) if rejection.code == RejectCode::Fenced => Some(rejection),
+        _ => None,
+    })
+}
+
+/// Whether `channel`, the one a batch came on, is still open. Checked again after the
+/// session's epoch was taken, because taking it is a Redis round trip that a slow link
+/// can stretch: had the broker given the batch to another bridge meanwhile, that bridge
+/// may have applied it and later commands with an *older* epoch (it became active before
+/// this epoch was issued), and this batch, written with the newer one, would win over
+/// them (found by `tests/chaos.rs` with command partitions: a replace lost).
+pub(super) fn still_ours(channel: &Channel) -> bool {
+    channel.status().connected()
+}
