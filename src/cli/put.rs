@@ -5,7 +5,7 @@ use std::io::Read;
 
 use crate::config::Config;
 use crate::job::{Due, PutMode};
-use crate::schedule::Schedule;
+use crate::schedule::{PartsError, Schedule, ScheduleParts};
 use crate::store::{PutRequest, Store};
 use crate::view::{self, rfc3339, PutView, ScheduleFields};
 
@@ -44,39 +44,34 @@ fn read_body(args: &PutArgs) -> Result<Vec<u8>, CliError> {
     }
 }
 
-/// The schedule `--every` or `--cron` (+ `--tz`) asks for, if any.
-fn schedule_of(args: &PutArgs, min_interval_ms: u64) -> Result<Option<Schedule>, CliError> {
-    match (&args.every, &args.cron) {
-        (Some(every), _) => Schedule::parse_every(every, min_interval_ms)
-            .map(Some)
-            .map_err(|e| CliError::Usage(format!("--every {every}: {e}"))),
-        (None, Some(cron)) => Schedule::cron(cron, args.tz.as_deref())
-            .map(Some)
-            .map_err(|e| CliError::Usage(format!("--cron: {e}"))),
-        (None, None) => Ok(None),
-    }
-}
-
-/// `--jitter MS`: only with a schedule, below an --every interval.
-fn jitter_of(args: &PutArgs, schedule: Option<&Schedule>) -> Result<u64, CliError> {
-    let Some(text) = &args.jitter else {
-        return Ok(0);
+/// The schedule `--every` or `--cron` (+ `--tz`) asks for, with its `--jitter` (ms, 0
+/// for none): every face's rule (`Schedule::from_parts`), refused in the flags' terms.
+fn schedule_of(args: &PutArgs, min_interval_ms: u64) -> Result<Option<(Schedule, u64)>, CliError> {
+    let parts = ScheduleParts {
+        every: args.every.as_deref(),
+        cron: args.cron.as_deref(),
+        tz: args.tz.as_deref(),
+        jitter: args.jitter.as_deref(),
     };
-    let Some(schedule) = schedule else {
-        return Err(CliError::Usage(
-            "--jitter is only for a recurring job (give --every or --cron): a one-shot job has no occurrences to spread".into(),
-        ));
-    };
-    crate::schedule::parse_jitter(text)
-        .and_then(|ms| schedule.check_jitter(ms))
-        .map_err(|e| CliError::Usage(format!("--jitter {text}: {e}")))
+    Schedule::from_parts(parts, min_interval_ms).map_err(|err| {
+        let flag_value = |value: &Option<String>| value.as_deref().unwrap_or_default().to_owned();
+        CliError::Usage(match err {
+            // clap refuses these two first (`conflicts_with`, `requires`).
+            PartsError::BothEveryAndCron => "give --every or --cron, not both".into(),
+            PartsError::TzWithoutCron => "--tz is only used with --cron".into(),
+            PartsError::JitterWithoutSchedule => "--jitter is only for a recurring job (give --every or --cron): a one-shot job has no occurrences to spread".into(),
+            PartsError::Every(e) => format!("--every {}: {e}", flag_value(&args.every)),
+            PartsError::Cron(e) => format!("--cron: {e}"),
+            PartsError::Jitter(e) => format!("--jitter {}: {e}", flag_value(&args.jitter)),
+        })
+    })
 }
 
 async fn put(
     store: &Store,
     args: &PutArgs,
     body: Vec<u8>,
-    schedule: Option<Schedule>,
+    schedule: Option<(Schedule, u64)>,
 ) -> Result<Output, CliError> {
     let explicit = args.delay.or(args.at);
     let mode = if args.replace {
@@ -85,7 +80,7 @@ async fn put(
         PutMode::Keep
     };
     let size = body.len();
-    let jitter_ms = jitter_of(args, schedule.as_ref())?;
+    let jitter_ms = schedule.as_ref().map_or(0, |(_, ms)| *ms);
     let mut request = PutRequest {
         topic: args.topic.clone(),
         id: args.id.clone(),
@@ -99,7 +94,7 @@ async fn put(
     };
     let outcome = match &schedule {
         None => store.put(request).await?,
-        Some(schedule) => {
+        Some((schedule, _)) => {
             let now = store.server_time().await?;
             request.due = schedule.first_due(explicit, now).map_err(CliError::Usage)?;
             let spec = schedule
@@ -121,7 +116,7 @@ async fn put(
     ));
     let recurring = schedule
         .as_ref()
-        .and_then(|s| ScheduleFields::of(Some(&s.to_spec())).describe())
+        .and_then(|(s, _)| ScheduleFields::of(Some(&s.to_spec())).describe())
         .map(|s| format!(", {s}"))
         .unwrap_or_default();
     let human = format!(
