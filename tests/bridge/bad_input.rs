@@ -25,6 +25,7 @@ type Headers = Vec<(&'static str, AMQPValue)>;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn odd_delays_ids_topics_and_bodies_are_applied_exactly_or_set_aside_with_a_reason() {
+    let _shared = common::timed::shared().await;
     let mut config = test_config("badin");
     config.limits.max_body_bytes = 1000;
     let max_delay = config.limits.max_delay_ms;
@@ -318,6 +319,7 @@ async fn odd_delays_ids_topics_and_bodies_are_applied_exactly_or_set_aside_with_
 /// few deliveries and the commands behind it go through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_id_that_is_not_utf8_does_not_block_the_commands_after_it() {
+    let _shared = common::timed::shared().await;
     let has_pika = Command::new("python3")
         .args(["-c", "import pika"])
         .status()
@@ -414,6 +416,7 @@ print(json.dumps(reasons))
 /// in bounded time and every invalid one is set aside with a reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_invalid_commands_does_not_starve_valid_ones() {
+    let _shared = common::timed::shared().await;
     let config = test_config("flood");
     let broker = Broker::new(&config).await;
     let mut invalid = broker.consume_invalid().await;

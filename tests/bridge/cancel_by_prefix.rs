@@ -43,6 +43,7 @@ async fn ids(store: &Store, topic: &Topic, candidates: &[&str]) -> Vec<String> {
 
 #[tokio::test]
 async fn only_ids_with_the_prefix_go_wherever_they_are() {
+    let _shared = common::timed::shared().await;
     let store = common::test_store().await;
     let mail = Topic::new("mail").unwrap();
     let all = [
@@ -106,6 +107,7 @@ async fn only_ids_with_the_prefix_go_wherever_they_are() {
 
 #[tokio::test]
 async fn glob_characters_in_a_prefix_are_plain_characters() {
+    let _shared = common::timed::shared().await;
     let store = common::test_store().await;
     let topic = Topic::new("globs").unwrap();
     for id in ["a*b", "a*c", "axb", "a?1", "a[1]x", "a[1]", "a1", "a\\z"] {
@@ -124,6 +126,7 @@ async fn glob_characters_in_a_prefix_are_plain_characters() {
 
 #[tokio::test]
 async fn parked_and_failing_jobs_go_too_and_the_indexes_stay_sound() {
+    let _shared = common::timed::shared().await;
     let store = common::test_store().await;
     let topic = Topic::new("parking").unwrap();
     store
@@ -188,6 +191,7 @@ async fn parked_and_failing_jobs_go_too_and_the_indexes_stay_sound() {
 
 #[tokio::test]
 async fn the_script_refuses_bad_arguments() {
+    let _shared = common::timed::shared().await;
     let store = common::test_store().await;
     let topic = Topic::new("args").unwrap();
     for cursor in ["x", "-1", ""] {
@@ -220,6 +224,7 @@ async fn the_script_refuses_bad_arguments() {
 /// `PREFIX_JOBS` sets the topic size (default 100,000).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_step_is_bounded_on_a_large_topic() {
+    let _shared = common::timed::shared().await;
     let jobs: u64 = std::env::var("PREFIX_JOBS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -345,6 +350,7 @@ async fn every_step_is_bounded_on_a_large_topic() {
 /// `reply_to`, and a too-short prefix is set aside with its reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_amqp_op_applies_in_command_order_and_answers_the_count() {
+    let _shared = common::timed::shared().await;
     use common::bridge::*;
     use lapin::types::AMQPValue;
 

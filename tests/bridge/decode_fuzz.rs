@@ -210,6 +210,7 @@ proptest! {
         body in proptest::collection::vec(any::<u8>(), 0..80),
         limits in limits(),
     ) {
+        let _shared = crate::common::timed::shared_blocking();
         let decoded = std::panic::catch_unwind(|| decode_parts(&key, &props, &body, limits));
         let decoded = match decoded {
             Ok(decoded) => decoded,
@@ -293,6 +294,7 @@ proptest! {
 /// has exactly the delay it asked for (rounded up to a whole ms), or it is refused.
 #[test]
 fn delays_are_exact_or_refused() {
+    let _shared = crate::common::timed::shared_blocking();
     let limits = Limits {
         max_delay_ms: 1_000_000,
         max_body_bytes: 10,
@@ -370,6 +372,7 @@ proptest! {
         arrays in any::<bool>(),
         width in prop_oneof![0usize..4, 1000usize..3000],
     ) {
+        let _shared = crate::common::timed::shared_blocking();
         let headers = nested(depth, arrays, width);
         let props = BasicProperties::default()
             .with_message_id("j".into())
@@ -398,6 +401,7 @@ proptest! {
 /// sees it; meta at the limit reads back.
 #[test]
 fn deep_stored_meta_is_refused_without_recursion() {
+    let _shared = crate::common::timed::shared_blocking();
     let encode = |depth: usize| {
         // Headers only: flags, then {x: A[A[...]]} (5 bytes per level).
         let mut meta = vec![0x20, 0x00];

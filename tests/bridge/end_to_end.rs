@@ -14,6 +14,7 @@ const SECOND: Duration = Duration::from_secs(1);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_arrive_on_time_never_early_with_body_and_headers_intact() {
+    let _shared = common::timed::shared().await;
     let config = test_config("ontime");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
@@ -110,6 +111,7 @@ async fn jobs_arrive_on_time_never_early_with_body_and_headers_intact() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_replace_duplicate_and_replies() {
+    let _shared = common::timed::shared().await;
     let config = test_config("ops");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
@@ -223,6 +225,7 @@ async fn cancel_replace_duplicate_and_replies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliver_at_in_the_future_and_in_the_past() {
+    let _shared = common::timed::shared().await;
     let config = test_config("at");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
@@ -260,6 +263,7 @@ async fn deliver_at_in_the_future_and_in_the_past() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_commands_are_set_aside_with_a_reason_and_the_bridge_keeps_going() {
+    let _shared = common::timed::shared().await;
     let mut config = test_config("invalid");
     config.limits.max_body_bytes = 64;
     let broker = Broker::new(&config).await;
@@ -337,6 +341,7 @@ async fn invalid_commands_are_set_aside_with_a_reason_and_the_bridge_keeps_going
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unroutable_jobs_are_kept_and_delivered_once_a_queue_is_bound() {
+    let _shared = common::timed::shared().await;
     let config = test_config("unroutable");
     let broker = Broker::new(&config).await;
     let bridge = InProcess::start(&config);
@@ -366,6 +371,7 @@ async fn unroutable_jobs_are_kept_and_delivered_once_a_queue_is_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_put_by_another_client_through_the_lua_script_is_dispatched_promptly() {
+    let _shared = common::timed::shared().await;
     let mut config = test_config("foreign");
     // A long poll interval: only the Pub/Sub notification can make this prompt.
     config.dispatch.poll_interval_ms = 30_000;
@@ -418,6 +424,7 @@ async fn a_job_put_by_another_client_through_the_lua_script_is_dispatched_prompt
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_bridges_deliver_each_job_exactly_once() {
+    let _shared = common::timed::shared().await;
     let mut config = test_config("pair");
     config.dispatch.batch = 20;
     let broker = Broker::new(&config).await;
@@ -451,6 +458,7 @@ async fn two_bridges_deliver_each_job_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bridge_killed_mid_dispatch_loses_nothing_after_restart() {
+    let _shared = common::timed::shared().await;
     let mut config = test_config("kill");
     config.dispatch.ttr_ms = 1_000;
     let broker = Broker::new(&config).await;
@@ -492,6 +500,7 @@ async fn a_bridge_killed_mid_dispatch_loses_nothing_after_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bridge_recovers_when_the_broker_cancels_its_consumer() {
+    let _shared = common::timed::shared().await;
     let config = test_config("cancel");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
@@ -549,6 +558,7 @@ async fn the_bridge_recovers_when_the_broker_cancels_its_consumer() {
 /// which variables it ignored), while real configuration variables still apply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubernetes_service_variables_do_not_stop_the_bridge() {
+    let _shared = common::timed::shared().await;
     let config = test_config("k8s");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
@@ -586,6 +596,7 @@ async fn kubernetes_service_variables_do_not_stop_the_bridge() {
 /// each job as its last command says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_on_one_job_apply_in_delivery_order_across_batches() {
+    let _shared = common::timed::shared().await;
     let mut config = test_config("order");
     config.ingest.batch = 7;
     let store = common::test_store_named(&config.redis.prefix).await;

@@ -85,6 +85,7 @@ async fn check_producer(program: &str, args: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_pika_producer_example_works() {
+    let _shared = common::timed::shared().await;
     let has_pika = Command::new("python3")
         .args(["-c", "import pika"])
         .status()
@@ -100,6 +101,7 @@ async fn python_pika_producer_example_works() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_producer_example_works() {
+    let _shared = common::timed::shared().await;
     // cargo builds examples for `cargo test`, next to the test binaries' deps/ folder.
     let exe = std::env::current_exe().expect("test binary path");
     let example = exe

@@ -113,6 +113,7 @@ async fn wait_for_api(base: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_whose_bridge_was_down_past_its_expiry_is_set_aside_not_delivered() {
+    let _shared = common::timed::shared().await;
     let mut config = test_config("expdown");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
@@ -216,6 +217,7 @@ async fn a_job_whose_bridge_was_down_past_its_expiry_is_set_aside_not_delivered(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_topic_resumed_after_expiry_sets_its_expired_jobs_aside() {
+    let _shared = common::timed::shared().await;
     let config = test_config("exppause");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
@@ -252,6 +254,7 @@ async fn a_paused_topic_resumed_after_expiry_sets_its_expired_jobs_aside() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_series_occurrence_is_set_aside_and_the_next_one_delivered() {
+    let _shared = common::timed::shared().await;
     let config = test_config("expseries");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
@@ -312,6 +315,7 @@ async fn an_expired_series_occurrence_is_set_aside_and_the_next_one_delivered() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_gives_the_default_and_a_jobs_own_header_overrides_it() {
+    let _shared = common::timed::shared().await;
     let mut config = test_config("exppolicy");
     config.policies = vec![PolicyConfig {
         topics: vec!["bulk.#".into()],
@@ -359,6 +363,7 @@ fn target(name: &str, topics: &[&str], url: String) -> TargetConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_webhook_job_whose_target_fails_until_its_expiry_is_set_aside() {
+    let _shared = common::timed::shared().await;
     let receiver = Receiver::start().await;
     receiver.set_default(Answer::status(503));
     let mut config: Config = test_config("exphook");
@@ -392,6 +397,7 @@ async fn a_webhook_job_whose_target_fails_until_its_expiry_is_set_aside() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_expiry_values_are_refused_with_a_reason_and_lose_nothing() {
+    let _shared = common::timed::shared().await;
     let mut config = test_config("expbad");
     let port = free_port();
     config.http.enabled = true;
@@ -519,6 +525,7 @@ async fn bad_expiry_values_are_refused_with_a_reason_and_lose_nothing() {
 
 #[tokio::test]
 async fn release_with_the_expired_marker_logs_expired_and_keeps_a_series_going() {
+    let _shared = common::timed::shared().await;
     use redisched::store::{Delivered, Expired, NextDue, Noted, ScheduleSpec};
     let test = common::test_store().await;
     let store = &test.store;

@@ -78,6 +78,7 @@ fn score_and_record_due(
 /// later one in Rust: both must be the hash lua/README.md writes down, for any id.
 #[tokio::test]
 async fn put_lua_delays_the_first_occurrence_by_the_documented_hash_and_keeps_the_due_time() {
+    let _shared = common::timed::shared().await;
     let store = common::test_store().await;
     let mut conn = common::raw_redis();
     let t = topic("jit.put");
@@ -146,6 +147,7 @@ async fn put_lua_delays_the_first_occurrence_by_the_documented_hash_and_keeps_th
 /// so the grid, and the history) keeps next.
 #[tokio::test]
 async fn a_release_with_a_delay_schedules_the_next_occurrence_late_and_keeps_the_grid() {
+    let _shared = common::timed::shared().await;
     let store = common::test_store().await;
     let mut conn = common::raw_redis();
     let t = topic("jit.release");
@@ -221,6 +223,7 @@ async fn a_release_with_a_delay_schedules_the_next_occurrence_late_and_keeps_the
 /// put.lua refuses a jitter it cannot apply, and writes nothing.
 #[tokio::test]
 async fn put_lua_refuses_bad_jitter_values_and_writes_nothing() {
+    let _shared = common::timed::shared().await;
     let store = common::test_store().await;
     let mut conn = common::raw_redis();
     let put = redis::Script::new(include_str!("../../lua/put.lua"));
@@ -326,6 +329,7 @@ fn terminate(bridge: &mut ChildBridge) {
 /// scheduled times stay on each series' 1-s grid with no occurrence lost or doubled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_jittered_series_keep_their_grid_and_delays_across_bridges() {
+    let _shared = common::timed::shared().await;
     const SERIES: usize = 200;
     const JITTER: u64 = 500;
     const ROUNDS: i64 = 13;
@@ -449,6 +453,7 @@ async fn two_hundred_jittered_series_keep_their_grid_and_delays_across_bridges()
 /// occurrence is delayed by the hash mod 1000 and arrives before the next one is due.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cron_jitter_is_clamped_to_the_gap_and_recomputed_for_every_occurrence() {
+    let _shared = common::timed::shared().await;
     const SERIES: usize = 20;
     let config = test_config("jitcron");
     let broker = Broker::new(&config).await;
@@ -517,6 +522,7 @@ async fn a_cron_jitter_is_clamped_to_the_gap_and_recomputed_for_every_occurrence
 /// occurrence is jittered again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_occurrence_scheduled_without_its_delay_is_due_at_its_scheduled_time() {
+    let _shared = common::timed::shared().await;
     let config = test_config("jitold");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready_stamped("#").await;
@@ -562,6 +568,7 @@ async fn an_occurrence_scheduled_without_its_delay_is_due_at_its_scheduled_time(
 /// Webhook deliveries carry the jittered due time and the scheduled one, as headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_deliveries_carry_the_jittered_due_time_and_the_scheduled_one() {
+    let _shared = common::timed::shared().await;
     let receiver = common::receiver::Receiver::start().await;
     let mut config = test_config("jithook");
     config.targets = vec![redisched::targets::TargetConfig {
@@ -616,6 +623,7 @@ fn delete_bridge_keys(config: &Config) {
 /// AMQP commands with a bad jitter are set aside with the reason; nothing is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_jitter_commands_are_set_aside_with_a_reason_and_nothing_is_stored() {
+    let _shared = common::timed::shared().await;
     let config = test_config("jitbad");
     let broker = Broker::new(&config).await;
     let mut invalid = broker.consume_invalid().await;
@@ -686,6 +694,7 @@ async fn bad_jitter_commands_are_set_aside_with_a_reason_and_nothing_is_stored()
 /// reason, nothing is stored; a good one is kept with the job and jitters it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_and_cli_refuse_bad_jitter_and_store_a_good_one() {
+    let _shared = common::timed::shared().await;
     let store = common::test_store().await;
     let mut config = Config::default();
     config.limits.min_interval_ms = 100;

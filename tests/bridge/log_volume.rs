@@ -24,6 +24,7 @@ fn count_field(line: &str) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_invalid_commands_is_logged_once_per_topic_with_counts() {
+    let _shared = common::timed::shared().await;
     let mut config = test_config("logvolume");
     config.log.level = "redisched=info,lapin=error".into();
     let broker = Broker::new(&config).await;

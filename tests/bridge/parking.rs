@@ -36,6 +36,7 @@ async fn wait_for(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unroutable_job_shows_its_error_parks_at_max_attempts_and_redrives() {
+    let _shared = common::timed::shared().await;
     let mut config = test_config("park");
     config.dispatch.max_attempts = 3;
     config.dispatch.retry_min_ms = 100;
@@ -91,6 +92,7 @@ async fn an_unroutable_job_shows_its_error_parks_at_max_attempts_and_redrives() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_lists_dispatched_and_deleted_outcomes() {
+    let _shared = common::timed::shared().await;
     let mut config = test_config("history");
     config.limits.min_interval_ms = 200;
     let broker = Broker::new(&config).await;
@@ -174,6 +176,7 @@ async fn history_lists_dispatched_and_deleted_outcomes() {
 /// with the default one in some (before the matching, 2 runs in 5 lost a job there).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn returns_are_matched_to_their_own_jobs_when_routable_and_unroutable_mix() {
+    let _shared = common::timed::shared().await;
     for window in [16, 1_000] {
         let mut config = test_config("mixreturns");
         config.dispatch.max_attempts = 1;

@@ -262,6 +262,7 @@ impl Sequences {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_bridges_over_eight_partitions_apply_each_jobs_commands_in_order() {
+    let _shared = common::timed::shared().await;
     let config = config("part3", PARTITIONS);
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
@@ -305,6 +306,7 @@ async fn three_bridges_over_eight_partitions_apply_each_jobs_commands_in_order()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bridge_killed_while_holding_partitions_loses_and_reorders_nothing() {
+    let _shared = common::timed::shared().await;
     let config = config("partkill", PARTITIONS);
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
@@ -345,6 +347,7 @@ async fn a_bridge_killed_while_holding_partitions_loses_and_reorders_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bridge_added_and_one_removed_while_commands_flow_keep_each_jobs_order() {
+    let _shared = common::timed::shared().await;
     let config = config("partmove", PARTITIONS);
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
@@ -382,6 +385,7 @@ async fn a_bridge_added_and_one_removed_while_commands_flow_keep_each_jobs_order
 /// old queue still holds, deletes it, and only then consumes the partitions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switching_from_one_queue_to_partitions_drains_the_old_queue_first() {
+    let _shared = common::timed::shared().await;
     let single = config("partswitch", 1);
     let mut partitioned = single.clone();
     partitioned.amqp.command_partitions = PARTITIONS;
@@ -464,6 +468,7 @@ async fn switching_from_one_queue_to_partitions_drains_the_old_queue_first() {
 /// N → 1: the reverse switch, with the partitions holding commands and no bridge up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switching_from_partitions_to_one_queue_drains_the_partitions_first() {
+    let _shared = common::timed::shared().await;
     let partitioned = config("partback", PARTITIONS);
     let mut single = partitioned.clone();
     single.amqp.command_partitions = 1;
@@ -496,6 +501,7 @@ async fn switching_from_partitions_to_one_queue_drains_the_partitions_first() {
 /// land in one partition, in publish order, and are applied there; none is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_without_message_id_land_in_one_partition_and_are_applied_in_order() {
+    let _shared = common::timed::shared().await;
     let config = config("partnoid", PARTITIONS);
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;

@@ -173,6 +173,7 @@ fn bridge_config(label: &str) -> Config {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deeply_nested_headers_are_set_aside_and_the_bridge_stays_up() {
+    let _shared = common::timed::shared().await;
     let config = bridge_config("deep");
     let broker = Broker::new(&config).await;
     let mut bridge = ChildBridge::start_logging(&config, Stdio::null(), Stdio::inherit());
@@ -288,10 +289,12 @@ async fn non_utf8_message_id(label: &str, bridge_first: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unparseable_command_sent_while_the_bridge_was_stopped_does_not_sink_the_ones_behind_it()
 {
+    let _shared = common::timed::shared().await;
     non_utf8_message_id("utf8stopped", false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unparseable_command_sent_to_a_consuming_bridge_does_not_sink_the_ones_behind_it() {
+    let _shared = common::timed::shared().await;
     non_utf8_message_id("utf8live", true).await;
 }

@@ -49,6 +49,7 @@ fn header<'a>(delivery: &'a lapin::message::Delivery, name: &str) -> Option<&'a 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shell_script_schedules_and_cancels_with_amqp_publish() {
+    let _shared = common::timed::shared().await;
     let config = test_config("shell");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
@@ -119,6 +120,7 @@ async fn a_shell_script_schedules_and_cancels_with_amqp_publish() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delivered_jobs_carry_x_delay_as_the_delayed_message_plugin_does() {
+    let _shared = common::timed::shared().await;
     let config = test_config("plugin");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;

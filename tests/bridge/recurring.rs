@@ -58,6 +58,7 @@ fn indexed(config: &Config, topic: &str, id: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interval_series_is_spaced_on_time_never_early_and_delete_ends_it() {
+    let _shared = common::timed::shared().await;
     let config = series_config("every");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
@@ -138,6 +139,7 @@ async fn an_interval_series_is_spaced_on_time_never_early_and_delete_ends_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_six_field_cron_fires_on_even_seconds() {
+    let _shared = common::timed::shared().await;
     let config = series_config("cron6");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
@@ -173,6 +175,7 @@ async fn a_six_field_cron_fires_on_even_seconds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_berlin_schedule_is_stored_at_nine_local_across_the_dst_change() {
+    let _shared = common::timed::shared().await;
     let config = series_config("berlin");
     let broker = Broker::new(&config).await;
     let bridge = InProcess::start(&config);
@@ -210,6 +213,7 @@ async fn a_berlin_schedule_is_stored_at_nine_local_across_the_dst_change() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replace_changes_body_and_schedule_and_bad_schedules_are_set_aside() {
+    let _shared = common::timed::shared().await;
     let config = series_config("replace");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
@@ -308,6 +312,7 @@ async fn replace_changes_body_and_schedule_and_bad_schedules_are_set_aside() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_series_leaves_exactly_one_chain_and_coalesces_missed_occurrences() {
+    let _shared = common::timed::shared().await;
     let config = series_config("serieskill");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
@@ -370,6 +375,7 @@ async fn sigkill_mid_series_leaves_exactly_one_chain_and_coalesces_missed_occurr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_bridges_on_one_series_never_double_it() {
+    let _shared = common::timed::shared().await;
     let config = series_config("seriespair");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;

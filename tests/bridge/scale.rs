@@ -108,6 +108,7 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_live_topics_cost_a_bounded_number_of_calls_per_tick() {
+    let _shared = common::timed::shared().await;
     let redis = PrivateRedis::start();
     let mut config = test_config("topics");
     config.redis.url = redis.url();
@@ -185,6 +186,7 @@ async fn ten_thousand_live_topics_cost_a_bounded_number_of_calls_per_tick() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_topic_does_not_starve_the_others() {
+    let _shared = common::timed::shared().await;
     let mut config = test_config("fair");
     config.dispatch.window = 200;
     let store = common::test_store_named(&config.redis.prefix).await;
@@ -224,6 +226,7 @@ async fn a_hot_topic_does_not_starve_the_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_queues_carry_commands_and_invalid_ones() {
+    let _shared = common::timed::shared().await;
     let mut config = test_config("quorum");
     config.amqp.quorum_queues = true;
     let broker = Broker::new(&config).await;
@@ -257,6 +260,7 @@ async fn quorum_queues_carry_commands_and_invalid_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_bridges_share_the_work_and_survive_losing_one() {
+    let _shared = common::timed::shared().await;
     let mut config = test_config("three");
     config.dispatch.ttr_ms = 1_000;
     config.dispatch.batch = 50;

@@ -30,6 +30,7 @@ fn put_now(topic: &str, id: &str) -> PutRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_open_subscription_is_replaced_and_wake_ups_resume() {
+    let _shared = common::timed::shared().await;
     let redis_proxy = Proxy::start(socket_addr(&common::redis_url())).await;
     let mut config = test_config("subscription");
     config.redis.url = redis_proxy.redis_url();
