@@ -137,3 +137,15 @@ impl Drop for ChildBridge {
         }
     }
 }
+
+/// The nearest-rank `p`-quantile (`0.0..=1.0`) of `sorted` (ascending): the smallest value
+/// with at least `p` of the values at or below it. The default (0) for no values, so a
+/// figure line can still be printed. The one definition behind every p50/p99 the tests
+/// assert and the benchmark reports.
+pub fn percentile<T: Copy + Default>(sorted: &[T], p: f64) -> T {
+    if sorted.is_empty() {
+        return T::default();
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}

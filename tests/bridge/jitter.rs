@@ -22,6 +22,7 @@ use redisched::job::{Due, JobId, PutMode, Topic};
 use redisched::metrics::Metrics;
 use redisched::schedule::{jitter_delay, Schedule};
 use redisched::store::{Delivered, Lease, NextDue, PutRequest, ScheduleSpec};
+use redisched_testkit::percentile;
 use tokio::sync::mpsc;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -309,11 +310,6 @@ async fn drain_until(
             Ok(None) | Err(_) => return,
         }
     }
-}
-
-fn percentile(sorted: &[i64], p: f64) -> i64 {
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
 }
 
 /// Stops a child bridge without stalling the consumer task that stamps arrivals.

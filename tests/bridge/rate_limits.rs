@@ -17,6 +17,7 @@ use redis::Value;
 use redisched::job::{Due, JobId, PutMode, Topic};
 use redisched::policy::{Policies, Policy, RateLimit, TopicPattern};
 use redisched::store::{Op, PutRequest, RateSource};
+use redisched_testkit::percentile;
 
 // ------------------------------------------------------------------ scripts, raw
 
@@ -386,11 +387,6 @@ fn busiest_second(arrivals: &[i64], from: i64, to: i64) -> (usize, i64) {
         }
     }
     best
-}
-
-fn percentile(sorted: &[i64], p: f64) -> i64 {
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

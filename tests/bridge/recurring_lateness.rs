@@ -14,6 +14,7 @@ use common::bridge::*;
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
 use redisched::config::Config;
+use redisched_testkit::percentile;
 use tokio::sync::mpsc;
 
 /// The bound on the 99th percentile of lateness (arrival − due time).
@@ -51,12 +52,6 @@ async fn collect_body(
         }
     }
     got
-}
-
-/// Nearest-rank percentile of sorted values.
-fn percentile(sorted: &[i64], p: f64) -> i64 {
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
 }
 
 fn mean(values: &[i64]) -> f64 {

@@ -10,6 +10,7 @@ use common::bridge::*;
 use lapin::types::AMQPValue;
 use redisched::job::{Due, JobId, PutMode, Topic};
 use redisched::store::{ConnectOptions, Op, PutRequest, Store};
+use redisched_testkit::percentile;
 
 /// A redis-server of this test's own, so command counts are this test's alone.
 struct PrivateRedis {
@@ -100,10 +101,6 @@ fn put(topic: &str, id: &str, due: Due) -> Op {
         due,
         mode: PutMode::Keep,
     })
-}
-
-fn percentile(sorted: &[i64], p: f64) -> i64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

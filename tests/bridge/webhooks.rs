@@ -12,6 +12,7 @@ use redisched::config::Config;
 use redisched::job::{JobId, Topic};
 use redisched::store::{JobInfo, JobState, Store};
 use redisched::targets::TargetConfig;
+use redisched_testkit::percentile;
 
 const SECOND: Duration = Duration::from_secs(1);
 const SECRET_A: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -563,10 +564,6 @@ async fn signatures_verify_with_the_standard_webhooks_library_for_both_secrets_o
     assert!(verify_with_python(&got[0], "whsec_bm90IHRoZSBzZWNyZXQ=").is_err());
     bridge.stop().await;
     broker.cleanup().await;
-}
-
-fn percentile(sorted: &[i64], p: f64) -> i64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

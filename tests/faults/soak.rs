@@ -19,6 +19,7 @@ use lapin::options::BasicPublishOptions;
 use lapin::types::AMQPValue;
 use rand::Rng;
 use redisched::job::Topic;
+use redisched_testkit::percentile;
 
 const SECOND: Duration = Duration::from_secs(1);
 /// A delete or replace confirmed by the broker this long before the old job's earliest
@@ -71,14 +72,6 @@ fn redis_used_memory(conn: &mut redis::Connection) -> Option<u64> {
     info.lines()
         .find_map(|l| l.strip_prefix("used_memory:"))
         .and_then(|v| v.trim().parse().ok())
-}
-
-fn percentile(sorted: &[i64], p: f64) -> i64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
