@@ -1,5 +1,5 @@
 //! Bad input against a real bridge (the cases that neither
-//! `tests/bridge.rs` nor the unit tests of `src/ingest/decode.rs` cover): odd `x-delay`
+//! `tests/bridge/end_to_end.rs` nor the unit tests of `src/ingest/decode.rs` cover): odd `x-delay`
 //! and `x-deliver-at` values, ids and topics at and past their edges, bodies at and over
 //! the limit, a message_id that is not UTF-8 (sent with pika: lapin cannot send one),
 //! and a flood of invalid commands that must not starve valid ones.
@@ -54,7 +54,7 @@ async fn odd_delays_ids_topics_and_bodies_are_applied_exactly_or_set_aside_with_
         ),
         // (A NaN or infinite *double* cannot even be published: RabbitMQ closes the
         // producer's connection with INTERNAL_ERROR, as Erlang has no such floats. The
-        // property test in tests/decode_fuzz.rs covers them.)
+        // property test in tests/bridge/decode_fuzz.rs covers them.)
         (
             "bad",
             "word".into(),

@@ -519,7 +519,7 @@ async fn new_endpoints_follow_the_token_policy() {
 }
 
 /// Runs `redisched <args> --json` on `prefix` in-process (as the binary's `main` does;
-/// see tests/features_cli.rs for why not the binary) and parses what it prints.
+/// see tests/faces/features_cli.rs for why not the binary) and parses what it prints.
 async fn cli_json(prefix: &str, args: &[&str]) -> Value {
     let config = std::env::temp_dir().join(format!("{}.toml", common::unique("fhttp-config")));
     let toml = format!(

@@ -140,7 +140,7 @@ async fn health_readiness_and_metrics() {
     let res = s.client.get(s.url("/metrics")).send().await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     let content_type = res.headers()["content-type"].to_str().unwrap().to_string();
-    // No Accept header: the classic text format (tests/metrics.rs covers negotiation).
+    // No Accept header: the classic text format (tests/faces/metrics.rs covers negotiation).
     assert!(
         content_type.starts_with("text/plain; version=0.0.4"),
         "{content_type}"

@@ -16,7 +16,7 @@ const SECOND: Duration = Duration::from_secs(1);
 /// (`~<prefix>:*`) and its channel (`&<prefix>:notify`). Everything else is refused.
 /// Commands the Lua scripts call are checked against the ACL too, so they are listed.
 /// `+info` lets the bridge see the eviction policy and memory (without it they read
-/// "unknown": `tests/redis_health.rs`).
+/// "unknown": `tests/store/redis_health.rs`).
 const BRIDGE_COMMANDS: &str = "-@all +ping +time +info +evalsha +script|load \
     +sadd +smembers +sscan +zrange +subscribe \
     +hget +hset +hsetnx +hdel +hexists +hlen +hscan +zadd +zrem +zscore +zrangebyscore \
