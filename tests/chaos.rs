@@ -58,6 +58,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use redisched::config::Config;
 use redisched::store::{ConnectOptions, Store};
+use redisched_testkit::percentile;
 use tokio_util::sync::CancellationToken;
 
 const DEFAULT_SECS: u64 = 60;
@@ -1082,14 +1083,6 @@ fn story(commands: &[Command], seen: &[&Seen], answered: &HashMap<&str, i64>) ->
     let from = chrono::DateTime::from_timestamp_millis(origin)
         .map_or(origin.to_string(), |t| t.format("%H:%M:%S%.3f").to_string());
     format!("from {from}: {}", parts.join("; "))
-}
-
-fn percentile(sorted: &[i64], p: f64) -> i64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 /// How many, and the first five, one per line.

@@ -4,7 +4,7 @@
 //! Persistence is off, as on the shared test Redis (`scripts/services.sh`).
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -25,15 +25,8 @@ impl PrivateRedis {
             .port();
         let dir = std::env::temp_dir().join(redisched_testkit::unique("redisched-bench-redis"));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&dir)
-            .arg("--logfile")
-            .arg(dir.join("redis.log"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        let child = redisched_testkit::redis_server(port, &dir)
+            .args(["--appendonly", "no"])
             .spawn()
             .context("starting redis-server (Debian package redis-server)")?;
         let node = Self { child, port, dir };

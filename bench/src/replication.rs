@@ -340,10 +340,8 @@ struct Percentiles {
 impl Percentiles {
     fn of(values: &mut [f64]) -> Self {
         values.sort_by(|a, b| a.total_cmp(b));
-        let rank = |p: f64| {
-            let i = ((p * values.len() as f64).ceil() as usize).clamp(1, values.len().max(1)) - 1;
-            values.get(i).copied().unwrap_or(0.0)
-        };
+        let sorted: &[f64] = values;
+        let rank = |p: f64| redisched_testkit::percentile(sorted, p);
         Self {
             p50: rank(0.50),
             p99: rank(0.99),

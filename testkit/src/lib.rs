@@ -137,3 +137,34 @@ impl Drop for ChildBridge {
         }
     }
 }
+
+/// The nearest-rank `p`-quantile (`0.0..=1.0`) of `sorted` (ascending): the smallest value
+/// with at least `p` of the values at or below it. The default (0) for no values, so a
+/// figure line can still be printed. The one definition behind every p50/p99 the tests
+/// assert and the benchmark reports.
+pub fn percentile<T: Copy + Default>(sorted: &[T], p: f64) -> T {
+    if sorted.is_empty() {
+        return T::default();
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// A private `redis-server` (Debian package redis-server) on `127.0.0.1:port`, its files
+/// and `redis.log` in `dir`, no RDB snapshots, output discarded: the one way the tests and
+/// the bench start a server of their own (the shared test Redis cannot give a crash, a
+/// replica, a cluster or counters no other client moves). The caller adds what its run
+/// needs (`--appendonly`, `--replicaof`, `--cluster-enabled` …) and spawns it.
+pub fn redis_server(port: u16, dir: &Path) -> Command {
+    let mut command = Command::new("redis-server");
+    command
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", ""])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    command
+}

@@ -3,7 +3,7 @@
 
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 pub struct Cluster {
@@ -39,21 +39,9 @@ impl Cluster {
             let port = free_port_pair();
             let node_dir = dir.join(port.to_string());
             std::fs::create_dir_all(&node_dir).expect("node dir");
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            let child = redisched_testkit::redis_server(port, &node_dir)
                 .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
-                .args([
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ])
-                .arg("--dir")
-                .arg(&node_dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .args(["--cluster-config-file", "nodes.conf", "--appendonly", "no"])
                 .spawn()
                 .expect("redis-server must be installed (apt-get install redis-server)");
             ports.push(port);

@@ -1,10 +1,11 @@
 //! For the tests that judge lateness in milliseconds: such a test runs alone in its
-//! binary (`alone`), and the other tests of that file take `shared`, so they wait for it
-//! or it for them. Cargo runs one test binary at a time, so that is all the quiet a timed
-//! assertion needs from this suite; `alone` also waits (a bounded while) for what an
-//! earlier binary left working to settle — the broker deleting its quorum queues, a
-//! Redis cleanup — since a run of the whole suite once measured one such test at twice
-//! its usual lateness throughout.
+//! binary (`alone`), and every other test of that binary takes `shared`, so they wait for
+//! it or it for them. The `bridge` binary holds both kinds in many modules, so each of its
+//! tests takes one or the other. Cargo runs one test binary at a time, so that is all the
+//! quiet a timed assertion needs from this suite; `alone` also waits (a bounded while) for
+//! what an earlier binary left working to settle — the broker deleting its quorum queues, a
+//! Redis cleanup — since a run of the whole suite once measured one such test at twice its
+//! usual lateness throughout.
 
 use std::time::{Duration, Instant};
 

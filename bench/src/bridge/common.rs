@@ -837,13 +837,8 @@ impl Lateness {
     /// `values` in ms (negative = early); sorts them.
     pub(crate) fn of(values: &mut [f64]) -> Self {
         values.sort_by(|a, b| a.total_cmp(b));
-        let q = |p: f64| -> f64 {
-            if values.is_empty() {
-                return 0.0;
-            }
-            let i = ((p * values.len() as f64).ceil() as usize).clamp(1, values.len()) - 1;
-            round2(values[i])
-        };
+        let sorted: &[f64] = values;
+        let q = |p: f64| round2(redisched_testkit::percentile(sorted, p));
         Self {
             count: values.len(),
             p50_ms: q(0.50),

@@ -1,4 +1,4 @@
-//! Fault injection for `tests/faults.rs` and `tests/chaos.rs`, without touching the
+//! Fault injection for `tests/faults/bridge_faults.rs` and `tests/chaos.rs`, without touching the
 //! shared services: [`services`] (a private `redis-server` and RabbitMQ node the test
 //! owns), [`proxy`] (a TCP proxy that cuts or hangs connections) and [`ledger`] (the
 //! load, what the broker confirmed, what was delivered, and the verdict), plus the

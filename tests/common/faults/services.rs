@@ -181,7 +181,7 @@ impl PrivateRedis {
 
     fn spawn(&mut self) {
         let dir = self.dir.path();
-        let mut command = Command::new("redis-server");
+        let mut command = redisched_testkit::redis_server(self.port, dir);
         if let Some(primary) = self.primary {
             command.args([
                 "--replicaof",
@@ -190,21 +190,7 @@ impl PrivateRedis {
             ]);
         }
         let child = command
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ])
-            .arg("--dir")
-            .arg(dir)
-            .arg("--logfile")
-            .arg(dir.join("redis.log"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .args(["--appendonly", "yes", "--appendfsync", "always"])
             .spawn()
             .expect("spawn redis-server (is it installed?)");
         self.child = Some(child);

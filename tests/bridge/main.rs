@@ -1,0 +1,29 @@
+//! Tests of a running bridge end to end over AMQP on the real Redis and RabbitMQ: the wire
+//! contract, each scheduler feature as the bridge delivers it (parking, pause, expiry, recurring
+//! series and their punctuality, jitter, rate limits, webhooks, partitions, cancel by prefix),
+//! producers and examples in other languages, and bad or hostile input.
+//!
+//! One binary with one module per feature (`cargo test --test bridge <module>::`): one link
+//! of the library for all of them.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bad_input;
+mod cancel_by_prefix;
+mod decode_fuzz;
+mod end_to_end;
+mod examples;
+mod expiry;
+mod jitter;
+mod log_volume;
+mod parking;
+mod partitions;
+mod poison;
+mod producers;
+mod rate_limits;
+mod recurring;
+mod recurring_lateness;
+mod scale;
+mod subscription;
+mod webhooks;

@@ -1,0 +1,243 @@
+//! Punctuality of recurring series at and below one second: each occurrence arrives at a
+//! real consumer within a few milliseconds of its `x-redisched-due-at`, never before it,
+//! the due times stay on the series' exact grid (no coalescing, no creep), and the last
+//! occurrences are as punctual as the first (no drift). The bridge runs with the default
+//! `dispatch.poll_interval_ms` (1 s), so an occurrence found only by the safety-net
+//! rescan shows up as late. The cases run concurrently (one bridge each), so the test
+//! takes about as long as its longest case (~35 s).
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::bridge::*;
+use lapin::message::Delivery;
+use lapin::types::AMQPValue;
+use redisched::config::Config;
+use redisched_testkit::percentile;
+use tokio::sync::mpsc;
+
+/// The bound on the 99th percentile of lateness (arrival − due time).
+const P99_BOUND_MS: i64 = 20;
+/// How much later the last five occurrences may be on average than the first five.
+const DRIFT_BOUND_MS: f64 = 10.0;
+/// Occurrences measured per case (at least 30).
+const OCCURRENCES: usize = 30;
+
+fn lateness_config(label: &str) -> Config {
+    let mut config = test_config(label);
+    config.limits.min_interval_ms = 100;
+    // The default safety net, as a new user runs it: wake-ups must not depend on it.
+    config.dispatch.poll_interval_ms = Config::default().dispatch.poll_interval_ms;
+    config
+}
+
+/// Collects `count` deliveries whose body is `body`, within `timeout`.
+async fn collect_body(
+    rx: &mut mpsc::UnboundedReceiver<(i64, Delivery)>,
+    body: &[u8],
+    count: usize,
+    timeout: Duration,
+) -> Vec<(i64, i64)> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut got = Vec::new();
+    while got.len() < count {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some((arrived, d))) if d.data == body => {
+                let due = header_i64(&d, "x-redisched-due-at").expect("x-redisched-due-at");
+                got.push((arrived, due));
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    got
+}
+
+fn mean(values: &[i64]) -> f64 {
+    values.iter().sum::<i64>() as f64 / values.len() as f64
+}
+
+/// Asserts that `expected` `(arrival, due)` pairs of one series whose occurrences are
+/// `interval_ms` apart arrived punctual, on the grid, without drift; prints the figures.
+fn assert_punctual(case: &str, got: &[(i64, i64)], interval_ms: i64, expected: usize) {
+    let lateness: Vec<i64> = got.iter().map(|(arrived, due)| arrived - due).collect();
+    let dues: Vec<i64> = got.iter().map(|(_, due)| *due).collect();
+    let mut sorted = lateness.clone();
+    sorted.sort_unstable();
+    let (first5, last5) = if lateness.len() >= 10 {
+        (mean(&lateness[..5]), mean(&lateness[lateness.len() - 5..]))
+    } else {
+        (f64::NAN, f64::NAN)
+    };
+    eprintln!(
+        "{case}: {} occurrences, lateness p50 {} ms, p99 {} ms, max {} ms, min {} ms; mean first 5 {first5:.1} ms, last 5 {last5:.1} ms; lateness {lateness:?}",
+        got.len(),
+        sorted.first().map_or(0, |_| percentile(&sorted, 0.50)),
+        sorted.first().map_or(0, |_| percentile(&sorted, 0.99)),
+        sorted.last().copied().unwrap_or(0),
+        sorted.first().copied().unwrap_or(0),
+    );
+    assert!(
+        got.len() >= expected.max(OCCURRENCES),
+        "{case}: {} of {expected} occurrences arrived in time; due times {dues:?}",
+        got.len()
+    );
+    let early: Vec<i64> = lateness.iter().copied().filter(|&l| l < 0).collect();
+    assert!(
+        early.is_empty(),
+        "{case}: delivered before the due time by {early:?} ms"
+    );
+    let off_grid: Vec<(usize, i64)> = dues
+        .iter()
+        .enumerate()
+        .filter(|(k, due)| **due != dues[0] + *k as i64 * interval_ms)
+        .map(|(k, due)| (k, due - dues[0]))
+        .collect();
+    assert!(
+        off_grid.is_empty(),
+        "{case}: due times off the grid first + k·{interval_ms} ms (k, offset): {off_grid:?}"
+    );
+    let p99 = percentile(&sorted, 0.99);
+    assert!(
+        p99 <= P99_BOUND_MS,
+        "{case}: p99 lateness {p99} ms > {P99_BOUND_MS} ms: {lateness:?}"
+    );
+    assert!(
+        last5 - first5 <= DRIFT_BOUND_MS,
+        "{case}: lateness drifts from {first5:.1} ms (first 5) to {last5:.1} ms (last 5)"
+    );
+}
+
+/// Puts one series with `headers`, measures `count` occurrences on a bridge with the
+/// default poll interval.
+async fn measure_series(
+    label: &str,
+    headers: &[(&str, AMQPValue)],
+    interval_ms: i64,
+    count: usize,
+) -> Vec<(i64, i64)> {
+    let config = lateness_config(label);
+    let broker = Broker::new(&config).await;
+    let mut ready = broker.consume_ready_stamped("#").await;
+    let mut bridge = ChildBridge::start(&config);
+    broker.put("tick", label, b"tick", headers).await;
+    let timeout = Duration::from_millis(interval_ms as u64 * count as u64 + 15_000);
+    let got = collect_body(&mut ready, b"tick", count, timeout).await;
+    let (status, _) = bridge.terminate();
+    broker.cleanup().await;
+    assert!(status.success(), "SIGTERM exits 0, got {status:?}");
+    got
+}
+
+async fn every_100_ms() {
+    // 200 occurrences in 20 s: the nearest-rank p99 is then the 198th of 200.
+    let got = measure_series(
+        "every100",
+        &[("x-redisched-every", AMQPValue::LongInt(100))],
+        100,
+        200,
+    )
+    .await;
+    assert_punctual("every 100 ms", &got, 100, 200);
+}
+
+async fn every_500_ms() {
+    let got = measure_series(
+        "every500",
+        &[("x-redisched-every", AMQPValue::LongInt(500))],
+        500,
+        2 * OCCURRENCES,
+    )
+    .await;
+    assert_punctual("every 500 ms", &got, 500, 2 * OCCURRENCES);
+}
+
+async fn every_second() {
+    let got = measure_series(
+        "every1000",
+        &[("x-redisched-every", AMQPValue::LongInt(1000))],
+        1000,
+        OCCURRENCES,
+    )
+    .await;
+    assert_punctual("every 1 s", &got, 1000, OCCURRENCES);
+}
+
+async fn cron_every_second() {
+    let got = measure_series(
+        "cron1s",
+        &[("x-redisched-cron", text("* * * * * *"))],
+        1000,
+        OCCURRENCES,
+    )
+    .await;
+    let off_second: Vec<i64> = got
+        .iter()
+        .map(|(_, due)| *due)
+        .filter(|due| due % 1000 != 0)
+        .collect();
+    assert!(
+        off_second.is_empty(),
+        "cron occurrences off whole seconds: {off_second:?}"
+    );
+    assert_punctual("cron every second", &got, 1000, OCCURRENCES);
+}
+
+async fn replace_shortens_to_500_ms() {
+    let config = lateness_config("shorten");
+    let broker = Broker::new(&config).await;
+    let mut ready = broker.consume_ready_stamped("#").await;
+    let mut bridge = ChildBridge::start(&config);
+    broker
+        .put(
+            "tick",
+            "shorten",
+            b"old",
+            &[("x-redisched-every", AMQPValue::LongInt(2000))],
+        )
+        .await;
+    let old = collect_body(&mut ready, b"old", 1, Duration::from_secs(10)).await;
+    assert_eq!(old.len(), 1, "the 2 s series delivers before the replace");
+    broker
+        .put(
+            "tick",
+            "shorten",
+            b"new",
+            &[
+                ("x-redisched-op", text("replace")),
+                ("x-redisched-every", AMQPValue::LongInt(500)),
+            ],
+        )
+        .await;
+    let got = collect_body(&mut ready, b"new", 50, Duration::from_secs(40)).await;
+    let (status, _) = bridge.terminate();
+    broker.cleanup().await;
+    assert!(status.success(), "SIGTERM exits 0, got {status:?}");
+    assert_punctual("replaced to every 500 ms", &got, 500, 50);
+}
+
+/// One test runs every case at once (cargo runs only as many tests at a time as the
+/// machine has cores, and the one-second cases need 30 s each); each case's panic names
+/// what failed, the summary which cases did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn series_at_or_below_one_second_arrive_on_time_on_their_grid_without_drift() {
+    let _alone = common::timed::alone().await;
+    let cases = [
+        ("every 100 ms", tokio::spawn(every_100_ms())),
+        ("every 500 ms", tokio::spawn(every_500_ms())),
+        ("every 1 s", tokio::spawn(every_second())),
+        ("cron every second", tokio::spawn(cron_every_second())),
+        (
+            "replace to 500 ms",
+            tokio::spawn(replace_shortens_to_500_ms()),
+        ),
+    ];
+    let mut failed = Vec::new();
+    for (name, case) in cases {
+        if case.await.is_err() {
+            failed.push(name);
+        }
+    }
+    assert!(failed.is_empty(), "cases failed (see above): {failed:?}");
+}

@@ -1,0 +1,17 @@
+//! Tests at the store's boundary against real Redis topologies and states: the smoke and
+//! model tests of `Store`, the topics registry, Redis Cluster, replicas, eviction and OOM, and
+//! `redisched check` on keys in an unexpected state.
+//!
+//! One binary with one module per feature (`cargo test --test store <module>::`): one link
+//! of the library for all of them.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod check;
+mod cluster;
+mod redis_health;
+mod replication;
+mod store_model;
+mod store_smoke;
+mod topic_registry;
