@@ -1,6 +1,6 @@
 #!/bin/sh
 # Copies lua/shared.lua into the marked block of every script. Run it after editing
-# shared.lua; tests/lua_features.rs fails while a copy differs.
+# shared.lua; tests/lua/lua_features.rs fails while a copy differs.
 set -eu
 cd "$(dirname "$0")"
 for f in *.lua; do

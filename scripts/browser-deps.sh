@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Tools the operator-surface tests need, from Debian's packages, installed if missing:
-#   chromium + chromium-driver  tests/dashboard.rs drives the web dashboard headless
+#   chromium + chromium-driver  tests/faces/dashboard.rs drives the web dashboard headless
 #   docker-compose              tests/compose.rs validates docker-compose.yml (no engine needed)
-#   openssl                     tests/tls.rs makes a throwaway CA and certificates
+#   openssl                     tests/faults/tls.rs makes a throwaway CA and certificates
 # Idempotent; scripts/test.sh runs it before `cargo test`.
 set -euo pipefail
 
@@ -24,7 +24,7 @@ if ! command -v docker-compose >/dev/null; then
   apt_install --no-install-recommends docker-compose
 fi
 if ! command -v openssl >/dev/null; then
-  echo "installing openssl (tests/tls.rs makes throwaway certificates)"
+  echo "installing openssl (tests/faults/tls.rs makes throwaway certificates)"
   apt_install openssl
 fi
 echo "chromium, chromedriver, docker-compose and openssl are installed"

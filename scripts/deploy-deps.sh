@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Tools the deployment and metrics tests need, installed if missing:
-#   promtool             (Debian package `prometheus`) tests/metrics.rs checks /metrics with
+#   promtool             (Debian package `prometheus`) tests/faces/metrics.rs checks /metrics with
 #                        `promtool check metrics`; tests/deploy.rs checks and unit-tests the
 #                        alert rules in deploy/prometheus/
 #   kubernetes-validate  (PyPI) tests/deploy.rs validates deploy/kubernetes/ against the
 #                        Kubernetes schemas it ships (no network when it runs)
 #   prometheus-client    (PyPI) its strict OpenMetrics parser reads /metrics in
-#                        tests/metrics.rs, as promtool does the classic format
+#                        tests/faces/metrics.rs, as promtool does the classic format
 # Idempotent; scripts/test.sh runs it before `cargo test`.
 set -euo pipefail
 

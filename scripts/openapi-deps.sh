@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tools tests/openapi.rs runs against the live API, from PyPI, installed if missing or
+# Tools tests/faces/openapi.rs runs against the live API, from PyPI, installed if missing or
 # at another version:
 #   openapi-spec-validator  validates the served OpenAPI document
 #   schemathesis            generates requests from the document and checks the answers

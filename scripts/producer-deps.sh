@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tools the producer tests need, from Debian's packages, installed if missing:
-#   amqp-tools  tests/producers.rs schedules and cancels with amqp-publish, as a shell
+#   amqp-tools  tests/bridge/producers.rs schedules and cancels with amqp-publish, as a shell
 #               script or a cron job would
 # Idempotent; scripts/test.sh runs it before `cargo test`.
 set -euo pipefail

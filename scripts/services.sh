@@ -29,6 +29,6 @@ fi
 amqp_up || { echo "rabbitmq did not start" >&2; exit 1; }
 rabbitmqctl await_startup >/dev/null 2>&1 || true
 # amqp.command_partitions > 1 routes commands through the bundled consistent-hash
-# exchange (tests/partitions.rs); enabling an enabled plugin is a no-op.
+# exchange (tests/bridge/partitions.rs); enabling an enabled plugin is a no-op.
 rabbitmq-plugins enable rabbitmq_consistent_hash_exchange >/dev/null
 echo "redis and rabbitmq are up"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What tests/webhooks.rs runs beside the bridge, from PyPI, installed if missing:
+# What tests/bridge/webhooks.rs runs beside the bridge, from PyPI, installed if missing:
 #   standardwebhooks  verifies the bridge's webhook-signature with an implementation we
 #                     did not write (two secrets during a rotation)
 #   hypercorn         an HTTP/2 server over TLS (ALPN), to see the client use HTTP/2

@@ -135,7 +135,7 @@ impl AmqpError {
 /// wait for the broker. Each of them waits for the broker's reply, so a broker that
 /// stopped answering (a hung node, a black-holed network) held up shutdown until the
 /// heartbeat timeout declared the connection dead (two heartbeats, 20 s by default;
-/// found by `tests/faults.rs`, SIGTERM with the broker hung). Closing is best effort
+/// found by `tests/faults/bridge_faults.rs`, SIGTERM with the broker hung). Closing is best effort
 /// anyway: whatever was not acked is requeued by the broker when the socket goes.
 pub const CLOSE_TIMEOUT: Duration = crate::shutdown::AMQP_CLOSE;
 

@@ -324,7 +324,7 @@ impl Ingest {
     /// shutdown, or once `channel` (the one the batch came on) is closed: the broker has
     /// taken the batch back and may have given it to another bridge, which may have
     /// applied it and the commands after it, so applying it here now could undo a later
-    /// delete or replace (found by `tests/chaos.rs`; `tests/faults.rs`,
+    /// delete or replace (found by `tests/chaos.rs`; `tests/faults/bridge_faults.rs`,
     /// `a_bridge_that_lost_its_batch_does_not_apply_it_later`).
     async fn until_done<T, F, Fut>(
         &self,

@@ -6,7 +6,7 @@
 //! peer vanished without FIN or RST: a dead host, a NAT or firewall that dropped the
 //! flow, a paused VM) every later call would time out on the same dead socket, forever:
 //! ingest, dispatch and the requeue sweep all stalled while Redis itself was fine
-//! (found by `tests/faults.rs`, network test, "Redis connections frozen"). So after a
+//! (found by `tests/faults/bridge_faults.rs`, network test, "Redis connections frozen"). So after a
 //! timeout this link opens a new connection in the background and swaps it in; the
 //! dead one is dropped once the calls still using it have finished.
 
