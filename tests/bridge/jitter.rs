@@ -325,7 +325,8 @@ fn terminate(bridge: &mut ChildBridge) {
 /// scheduled times stay on each series' 1-s grid with no occurrence lost or doubled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_jittered_series_keep_their_grid_and_delays_across_bridges() {
-    let _shared = common::timed::shared().await;
+    // Alone in its binary: three bridge processes and a lateness bound in milliseconds.
+    let _alone = common::timed::alone().await;
     const SERIES: usize = 200;
     const JITTER: u64 = 500;
     const ROUNDS: i64 = 13;
