@@ -23,7 +23,6 @@ mod poison;
 mod producers;
 mod rate_limits;
 mod recurring;
-mod recurring_lateness;
 mod scale;
 mod subscription;
 mod webhooks;

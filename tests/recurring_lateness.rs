@@ -5,8 +5,13 @@
 //! `dispatch.poll_interval_ms` (1 s), so an occurrence found only by the safety-net
 //! rescan shows up as late. The cases run concurrently (one bridge each), so the test
 //! takes about as long as its longest case (~35 s).
+//!
+//! A binary of its own, as `chaos` and `upgrade`: its bound is a few milliseconds over
+//! 30 occurrences (p99 = the worst one), and inside the `bridge` binary, even holding
+//! `timed::alone`, three of five runs saw one occurrence 1–7 ms over it (its own binary
+//! passed the last CI run before the tests were grouped).
 
-use crate::common;
+mod common;
 
 use std::time::Duration;
 
