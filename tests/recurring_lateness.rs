@@ -10,6 +10,13 @@
 //! 30 occurrences (p99 = the worst one), and inside the `bridge` binary, even holding
 //! `timed::alone`, three of five runs saw one occurrence 1–7 ms over it (its own binary
 //! passed the last CI run before the tests were grouped).
+//!
+//! A case that misses only a *timing* bound (p99, drift) is measured once more, and fails
+//! if it misses again; a miss of correctness (an occurrence early, missing or off its
+//! grid) fails at once. The bug this guards against misses on every run (an occurrence
+//! found by the 1-s safety net is hundreds of ms late; drift grows 2 ms per occurrence),
+//! while on two shared cores one CI run saw every series at once 20–27 ms late around one
+//! moment mid-run, after the machine had been measured quiet at the start.
 
 mod common;
 
@@ -64,8 +71,15 @@ fn mean(values: &[i64]) -> f64 {
 }
 
 /// Asserts that `expected` `(arrival, due)` pairs of one series whose occurrences are
-/// `interval_ms` apart arrived punctual, on the grid, without drift; prints the figures.
-fn assert_punctual(case: &str, got: &[(i64, i64)], interval_ms: i64, expected: usize) {
+/// `interval_ms` apart arrived, none early, on the grid; prints the figures. Returns what
+/// missed a timing bound (p99 lateness, drift), if anything did.
+#[must_use]
+fn check_punctual(
+    case: &str,
+    got: &[(i64, i64)],
+    interval_ms: i64,
+    expected: usize,
+) -> Option<String> {
     let lateness: Vec<i64> = got.iter().map(|(arrived, due)| arrived - due).collect();
     let dues: Vec<i64> = got.iter().map(|(_, due)| *due).collect();
     let mut sorted = lateness.clone();
@@ -104,14 +118,17 @@ fn assert_punctual(case: &str, got: &[(i64, i64)], interval_ms: i64, expected: u
         "{case}: due times off the grid first + k·{interval_ms} ms (k, offset): {off_grid:?}"
     );
     let p99 = percentile(&sorted, 0.99);
-    assert!(
-        p99 <= P99_BOUND_MS,
-        "{case}: p99 lateness {p99} ms > {P99_BOUND_MS} ms: {lateness:?}"
-    );
-    assert!(
-        last5 - first5 <= DRIFT_BOUND_MS,
-        "{case}: lateness drifts from {first5:.1} ms (first 5) to {last5:.1} ms (last 5)"
-    );
+    if p99 > P99_BOUND_MS {
+        return Some(format!(
+            "{case}: p99 lateness {p99} ms > {P99_BOUND_MS} ms: {lateness:?}"
+        ));
+    }
+    if last5 - first5 > DRIFT_BOUND_MS {
+        return Some(format!(
+            "{case}: lateness drifts from {first5:.1} ms (first 5) to {last5:.1} ms (last 5)"
+        ));
+    }
+    None
 }
 
 /// Puts one series with `headers`, measures `count` occurrences on a bridge with the
@@ -135,7 +152,7 @@ async fn measure_series(
     got
 }
 
-async fn every_100_ms() {
+async fn every_100_ms() -> Option<String> {
     // 200 occurrences in 20 s: the nearest-rank p99 is then the 198th of 200.
     let got = measure_series(
         "every100",
@@ -144,10 +161,10 @@ async fn every_100_ms() {
         200,
     )
     .await;
-    assert_punctual("every 100 ms", &got, 100, 200);
+    check_punctual("every 100 ms", &got, 100, 200)
 }
 
-async fn every_500_ms() {
+async fn every_500_ms() -> Option<String> {
     let got = measure_series(
         "every500",
         &[("x-redisched-every", AMQPValue::LongInt(500))],
@@ -155,10 +172,10 @@ async fn every_500_ms() {
         2 * OCCURRENCES,
     )
     .await;
-    assert_punctual("every 500 ms", &got, 500, 2 * OCCURRENCES);
+    check_punctual("every 500 ms", &got, 500, 2 * OCCURRENCES)
 }
 
-async fn every_second() {
+async fn every_second() -> Option<String> {
     let got = measure_series(
         "every1000",
         &[("x-redisched-every", AMQPValue::LongInt(1000))],
@@ -166,10 +183,10 @@ async fn every_second() {
         OCCURRENCES,
     )
     .await;
-    assert_punctual("every 1 s", &got, 1000, OCCURRENCES);
+    check_punctual("every 1 s", &got, 1000, OCCURRENCES)
 }
 
-async fn cron_every_second() {
+async fn cron_every_second() -> Option<String> {
     let got = measure_series(
         "cron1s",
         &[("x-redisched-cron", text("* * * * * *"))],
@@ -186,10 +203,10 @@ async fn cron_every_second() {
         off_second.is_empty(),
         "cron occurrences off whole seconds: {off_second:?}"
     );
-    assert_punctual("cron every second", &got, 1000, OCCURRENCES);
+    check_punctual("cron every second", &got, 1000, OCCURRENCES)
 }
 
-async fn replace_shortens_to_500_ms() {
+async fn replace_shortens_to_500_ms() -> Option<String> {
     let config = lateness_config("shorten");
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready_stamped("#").await;
@@ -219,30 +236,69 @@ async fn replace_shortens_to_500_ms() {
     let (status, _) = bridge.terminate();
     broker.cleanup().await;
     assert!(status.success(), "SIGTERM exits 0, got {status:?}");
-    assert_punctual("replaced to every 500 ms", &got, 500, 50);
+    check_punctual("replaced to every 500 ms", &got, 500, 50)
+}
+
+/// The cases by name, each a fresh measurement.
+async fn run_case(name: &'static str) -> Option<String> {
+    match name {
+        "every 100 ms" => every_100_ms().await,
+        "every 500 ms" => every_500_ms().await,
+        "every 1 s" => every_second().await,
+        "cron every second" => cron_every_second().await,
+        "replace to 500 ms" => replace_shortens_to_500_ms().await,
+        other => panic!("no case named {other}"),
+    }
+}
+
+/// Runs `names` at once; returns the cases that panicked (a correctness miss) and those
+/// that missed only a timing bound, with what they missed.
+async fn run_cases(names: &[&'static str]) -> (Vec<&'static str>, Vec<(&'static str, String)>) {
+    let running: Vec<_> = names
+        .iter()
+        .map(|&name| (name, tokio::spawn(run_case(name))))
+        .collect();
+    let (mut failed, mut late) = (Vec::new(), Vec::new());
+    for (name, case) in running {
+        match case.await {
+            Err(_) => failed.push(name),
+            Ok(Some(miss)) => late.push((name, miss)),
+            Ok(None) => {}
+        }
+    }
+    (failed, late)
 }
 
 /// One test runs every case at once (cargo runs only as many tests at a time as the
 /// machine has cores, and the one-second cases need 30 s each); each case's panic names
-/// what failed, the summary which cases did.
+/// what failed, the summary which cases did. A timing miss is measured again (module doc).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn series_at_or_below_one_second_arrive_on_time_on_their_grid_without_drift() {
     let _alone = common::timed::alone().await;
-    let cases = [
-        ("every 100 ms", tokio::spawn(every_100_ms())),
-        ("every 500 ms", tokio::spawn(every_500_ms())),
-        ("every 1 s", tokio::spawn(every_second())),
-        ("cron every second", tokio::spawn(cron_every_second())),
-        (
-            "replace to 500 ms",
-            tokio::spawn(replace_shortens_to_500_ms()),
-        ),
+    let names = [
+        "every 100 ms",
+        "every 500 ms",
+        "every 1 s",
+        "cron every second",
+        "replace to 500 ms",
     ];
-    let mut failed = Vec::new();
-    for (name, case) in cases {
-        if case.await.is_err() {
-            failed.push(name);
-        }
-    }
+    let (failed, late) = run_cases(&names).await;
     assert!(failed.is_empty(), "cases failed (see above): {failed:?}");
+    if late.is_empty() {
+        return;
+    }
+    for (_, miss) in &late {
+        eprintln!("timing miss, measuring again: {miss}");
+    }
+    common::timed::wait_for_quiet().await;
+    let again: Vec<&'static str> = late.iter().map(|(name, _)| *name).collect();
+    let (failed, late_again) = run_cases(&again).await;
+    assert!(
+        failed.is_empty(),
+        "cases failed on the second measurement (see above): {failed:?}"
+    );
+    assert!(
+        late_again.is_empty(),
+        "timing bounds missed twice: first {late:?}; again {late_again:?}"
+    );
 }
