@@ -7,15 +7,15 @@ ARGV:
   1 prefix       1..256 bytes; ids starting with it are deleted (compared as bytes, so
                  glob characters in it are plain characters)
   2 cursor       '0' to start, else the cursor the previous step answered
-  3 count        optional, 1..10000 (default 100): hash entries examined by this step
+  3 count        optional, 1..10000 (default 40): hash entries examined by this step
                  (HSCAN COUNT), which bounds its work whatever the topic's size; at
-                 most 50 jobs are removed per step (see the reply's cursor)
+                 most 20 jobs are removed per step (see the reply's cursor)
   4 history_max  optional: cap of the topic's history list, default 1000, 0 = none;
                  each removal is logged as 'deleted' with detail 'prefix <prefix>'
   5 epoch        optional (9 keys): the writer's ingest epoch (see put.lua)
 Reply: { cursor, deleted, done } — the cursor to pass to the next step, how many jobs
   this step removed, and 1 when the walk is complete (else 0). A step that reached the
-  50-removal cap answers the cursor it was given (done 0), so the next step looks at
+  20-removal cap answers the cursor it was given (done 0), so the next step looks at
   the same entries again (the removed ones are gone): every step either removes a job
   or moves the cursor on.
 Errors: INVALID_ARGUMENT (keys, prefix, cursor, count, history_max, epoch), FENCED
@@ -206,7 +206,7 @@ end
 if not cursor or not string.find(cursor, '^%d+$') or #cursor > 20 then
   return redis.error_reply('INVALID_ARGUMENT cursor must be a non-negative integer, got ' .. tostring(cursor))
 end
-local count = 100
+local count = 40
 if ARGV[3] and ARGV[3] ~= '' then
   count = int_arg(ARGV[3])
   if not count or count < 1 or count > 10000 then
@@ -226,29 +226,37 @@ end
 local pattern = string.gsub(prefix, '([%*%?%[%]\\])', '\\%1') .. '*'
 local step = redis.call('HSCAN', jobs, cursor, 'MATCH', pattern, 'COUNT', count)
 local found = step[2]
-local MAX_REMOVALS = 50
-local now, entries, deleted = nil, {}, 0
+-- With `count` 40 a step of a dense prefix uses under 5 ms of Redis CPU on a
+-- 1,000,000-job topic (README, "Cancel by id prefix"); the cost is per removal.
+local MAX_REMOVALS = 20
+local ids, entries, now = {}, {}, nil
 local detail = 'prefix ' .. prefix
 local next_cursor, done = step[1], step[1] == '0' and 1 or 0
 for i = 1, #found, 2 do
-  local id, rec = found[i], found[i + 1]
-  if deleted == MAX_REMOVALS then
-    -- Removal-bounded: the rest of this range is looked at again by the next step.
-    next_cursor, done = cursor, 0
-    break
-  end
+  local id = found[i]
   -- MATCH is a glob; the byte comparison is the rule.
-  if string.sub(id, 1, #prefix) == prefix and redis.call('HDEL', jobs, id) == 1 then
-    redis.call('ZREM', scheduled, id)
-    redis.call('ZREM', reserved, id)
-    redis.call('ZREM', KEYS[8], id)
-    deleted = deleted + 1
+  if string.sub(id, 1, #prefix) == prefix then
+    if #ids == MAX_REMOVALS then
+      -- Removal-bounded: the rest of this range is looked at again by the next step.
+      next_cursor, done = cursor, 0
+      break
+    end
+    ids[#ids + 1] = id
     if history_max > 0 then
-      local old = parse(rec) or { attempts = 0, due = 0 }
+      local old = parse(found[i + 1]) or { attempts = 0, due = 0 }
       now = now or now_ms()
       entries[#entries + 1] = history_entry(now, 'deleted', old.attempts, old.due, id, detail)
     end
   end
+end
+-- One call per key for the whole step (HSCAN just listed these ids, so each exists):
+-- calls per id and key made a step of 50 removals cost about 1.45 times as much.
+local deleted = 0
+if #ids > 0 then
+  deleted = redis.call('HDEL', jobs, unpack(ids))
+  redis.call('ZREM', scheduled, unpack(ids))
+  redis.call('ZREM', reserved, unpack(ids))
+  redis.call('ZREM', KEYS[8], unpack(ids))
 end
 history_push(KEYS[7], history_max, entries)
 return { next_cursor, deleted, done }

@@ -179,6 +179,11 @@ impl PrivateRedis {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
+    /// The running server's process id (its main thread's too).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     fn spawn(&mut self) {
         let dir = self.dir.path();
         let mut command = redisched_testkit::redis_server(self.port, dir);
