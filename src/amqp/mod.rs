@@ -139,6 +139,30 @@ impl AmqpError {
 /// anyway: whatever was not acked is requeued by the broker when the socket goes.
 pub const CLOSE_TIMEOUT: Duration = crate::shutdown::AMQP_CLOSE;
 
+/// How long [`channel_confirmed_open`] waits for the broker's answer.
+const CONFIRM_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Whether the broker still has `channel` open, by a round trip on it (a passive declare
+/// of `amq.direct`, which every vhost has and none can delete): the client's own view
+/// of a channel lags the broker's by up to a heartbeat timeout when a link stalls.
+/// While the broker has the channel open, the deliveries it holds unacked are given to
+/// no other consumer. No answer within [`CONFIRM_OPEN_TIMEOUT`] counts as closed.
+pub async fn channel_confirmed_open(channel: &Channel) -> bool {
+    let declare = channel.exchange_declare(
+        "amq.direct".into(),
+        ExchangeKind::Direct,
+        ExchangeDeclareOptions {
+            passive: true,
+            ..ExchangeDeclareOptions::default()
+        },
+        FieldTable::default(),
+    );
+    matches!(
+        tokio::time::timeout(CONFIRM_OPEN_TIMEOUT, declare).await,
+        Ok(Ok(()))
+    )
+}
+
 /// Runs a closing step for at most [`CLOSE_TIMEOUT`], ignoring its outcome.
 pub async fn close_quietly<T>(what: &'static str, step: impl Future<Output = T>) {
     if tokio::time::timeout(CLOSE_TIMEOUT, step).await.is_err() {

@@ -11,30 +11,41 @@ use tokio_util::sync::CancellationToken;
 
 use super::decode::{Decoded, Envelope, Incoming, Invalid, Request, PREFIX_DELETE};
 use super::Ingest;
+use crate::amqp;
 use crate::job::{IdPrefix, Topic};
 use crate::store::{Applied, Command, RejectCode, Rejection, Replication, Store, StoreError};
 
 /// An ingest session's epoch (see the store's batch apply): the session part comes from
 /// the store's counter at the first batch, when this consumer became the active one, so
-/// it is newer than every session active before; the attempt part grows after each
-/// failed apply, so the retry outranks a request of this session still on its way, but
-/// never a later session (a stale session's retries stay below the session that took
-/// over its commands).
+/// it is newer than every session active before (once [`still_ours`] confirmed it); the
+/// attempt part grows after each failed apply, so the retry outranks a request of this
+/// session still on its way, but never a later session (a stale session's retries stay
+/// below the session that took over its commands).
 #[derive(Default)]
 pub(super) struct Epoch(tokio::sync::Mutex<Option<(u64, u64)>>);
 
 /// Attempts per session before the session part must change (then it takes a new one).
 const EPOCH_ATTEMPTS: u64 = 1_000_000;
 
+/// An epoch to write with, and whether its session part was just taken from the store
+/// (then [`still_ours`] asks the broker before it is used).
+pub(super) struct Taken {
+    pub epoch: u64,
+    pub fresh: bool,
+}
+
 impl Epoch {
-    pub(super) async fn get(&self, store: &Store) -> Result<u64, StoreError> {
+    pub(super) async fn get(&self, store: &Store) -> Result<Taken, StoreError> {
         let mut current = self.0.lock().await;
-        let (session, attempt) = match *current {
-            Some(parts) if parts.1 < EPOCH_ATTEMPTS => parts,
-            _ => (store.next_ingest_epoch().await?, 0),
+        let ((session, attempt), fresh) = match *current {
+            Some(parts) if parts.1 < EPOCH_ATTEMPTS => (parts, false),
+            _ => ((store.next_ingest_epoch().await?, 0), true),
         };
         *current = Some((session, attempt));
-        Ok(session * EPOCH_ATTEMPTS + attempt)
+        Ok(Taken {
+            epoch: session * EPOCH_ATTEMPTS + attempt,
+            fresh,
+        })
     }
 
     /// After an apply with `used` failed: the next one writes with a higher attempt.
@@ -257,13 +268,14 @@ impl Ingest {
         let outcome = self
             .until_done(shutdown, channel, || async {
                 let used = if fenced {
-                    Some(epoch.get(store).await?)
+                    let taken = epoch.get(store).await?;
+                    if !still_ours(channel, &taken).await {
+                        return Ok(None);
+                    }
+                    Some(taken.epoch)
                 } else {
                     None
                 };
-                if used.is_some() && !still_ours(channel) {
-                    return Ok(None);
-                }
                 match store.delete_prefix(topic, prefix, used).await {
                     Ok(n) => Ok(Some(Ok(n))),
                     Err(StoreError::Rejected(rejection)) => Ok(Some(Err(rejection))),
@@ -306,10 +318,11 @@ impl Ingest {
         if !self.config.amqp.single_active_consumer {
             return store.apply_batch(ops, None).await.map(Some);
         }
-        let used = epoch.get(store).await?;
-        if !still_ours(channel) {
+        let taken = epoch.get(store).await?;
+        if !still_ours(channel, &taken).await {
             return Ok(None);
         }
+        let used = taken.epoch;
         let result = store.apply_batch(ops, Some(used)).await;
         if result.is_err() {
             // The request may still reach Redis later over the old connection: the
@@ -462,12 +475,16 @@ fn first_fenced(results: &[Result<Applied, Rejection>]) -> Option<&Rejection> {
     })
 }
 
-/// Whether `channel`, the one a batch came on, is still open. Checked again after the
-/// session's epoch was taken, because taking it is a Redis round trip that a slow link
-/// can stretch: had the broker given the batch to another bridge meanwhile, that bridge
-/// may have applied it and later commands with an *older* epoch (it became active before
-/// this epoch was issued), and this batch, written with the newer one, would win over
-/// them (found by `tests/chaos.rs` with command partitions: a replace lost).
-pub(super) fn still_ours(channel: &Channel) -> bool {
-    channel.status().connected()
+/// Whether `channel`, the one a batch came on, is still open, checked after the epoch
+/// was taken. Taking a session part is a Redis round trip that a slow link can stretch:
+/// had the broker given the batch to another bridge meanwhile, that bridge may have
+/// applied it and later commands with an *older* epoch (it became active before this
+/// epoch was issued), and this batch, written with the newer one, would win over them
+/// (found by `tests/chaos.rs` with command partitions: a replace lost). The client's view
+/// of the channel lags the broker's (a stalled link is noticed only at the heartbeat
+/// timeout), so a fresh session part is confirmed by a round trip on the channel: if
+/// the broker still has it open after the epoch was issued, no other bridge has had
+/// these deliveries yet, and any that gets them later takes a newer epoch.
+pub(super) async fn still_ours(channel: &Channel, taken: &Taken) -> bool {
+    channel.status().connected() && (!taken.fresh || amqp::channel_confirmed_open(channel).await)
 }
