@@ -24,6 +24,12 @@
 //! polls (lapin's reader and frame parsing, the Redis connection's driver task, the
 //! runtime), and that is exactly the cost to count.
 //!
+//! `--sink webhook` measures the webhook path instead: 3 to 6 are replaced by
+//! `webhook_n` and `webhook_2n`, N and 2N due jobs (loaded by the bench into two paused
+//! topics before the bridge starts) resumed one topic after the other and POSTed by a
+//! `[[targets]]` entry to a receiver in the bench process, until the receiver got them
+//! all and the store is empty; per webhook-delivered job is the same marginal cost.
+//!
 //! The callgrind files are kept (`--callgrind-dir`) for `callgrind_annotate`.
 
 use std::collections::BTreeMap;
@@ -39,7 +45,10 @@ use redis::aio::MultiplexedConnection;
 use redisched_testkit::ChildBridge;
 use serde_json::{json, Value};
 
+use redisched::job::Due;
+
 use crate::bridge::common::{self, Cleanup, Env, Spread};
+use crate::bridge::webhook::{self, Receiver};
 use crate::private_redis::PrivateRedis;
 
 /// The idle phase: long enough to see the time-driven cost (one requeue sweep a second).
@@ -79,6 +88,21 @@ pub(crate) struct InstructionsArgs {
     /// build it with `cargo build --release -p redisched`].
     #[arg(long)]
     bridge_bin: Option<PathBuf>,
+    /// `amqp`: ingest of put commands and dispatch to the ready exchange; `webhook`:
+    /// jobs loaded due (by the bench, paused) and POSTed to a local receiver by a
+    /// `[[targets]]` entry.
+    #[arg(long, value_enum, default_value_t = SinkChoice::Amqp)]
+    sink: SinkChoice,
+    /// The webhook target's `max_in_flight` (`--sink webhook`).
+    #[arg(long, default_value_t = 64)]
+    max_in_flight: usize,
+}
+
+/// Which delivery path a run measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum SinkChoice {
+    Amqp,
+    Webhook,
 }
 
 const PHASES: [&str; 6] = [
@@ -89,6 +113,8 @@ const PHASES: [&str; 6] = [
     "dispatch_n",
     "dispatch_2n",
 ];
+
+const WEBHOOK_PHASES: [&str; 4] = ["startup", "idle", "webhook_n", "webhook_2n"];
 
 /// What one phase took: instructions (callgrind's Ir), wall seconds, and every Redis
 /// command's calls and µs (`INFO commandstats`) in it.
@@ -106,15 +132,16 @@ pub(crate) async fn run(args: InstructionsArgs) -> Result<()> {
     let mut runs = Vec::new();
     for run in 1..=args.runs.max(1) {
         eprintln!(
-            "instructions run {run}/{}: N = {} (callgrind files in {})",
+            "instructions run {run}/{} ({:?} sink): N = {} (callgrind files in {})",
             args.runs,
+            args.sink,
             args.commands,
             args.callgrind_dir.display()
         );
         runs.push(one_run(&args, run).await?);
     }
     let mut report = summarize(&args, &runs);
-    if args.put_cost_jobs > 0 {
+    if args.put_cost_jobs > 0 && args.sink == SinkChoice::Amqp {
         report["put_cost"] = put_cost(&args).await?;
     }
     report["date"] = json!(humantime::format_rfc3339_seconds(started).to_string());
@@ -133,6 +160,16 @@ pub(crate) async fn run(args: InstructionsArgs) -> Result<()> {
     Ok(())
 }
 
+/// What one run measures in: the services, the bridge's config and, for the webhook
+/// sink, the receiver and the file holding the target.
+struct Setup<'a> {
+    env: &'a Env,
+    config: &'a redisched::config::Config,
+    redis: &'a PrivateRedis,
+    sink_queue: &'a str,
+    webhook: Option<(&'a Path, &'a Receiver)>,
+}
+
 async fn one_run(args: &InstructionsArgs, run: usize) -> Result<Value> {
     let redis = PrivateRedis::start().await?;
     let env = Env::new(redis.url(), args.amqp_url.clone(), args.bridge_bin.clone())?;
@@ -145,168 +182,299 @@ async fn one_run(args: &InstructionsArgs, run: usize) -> Result<Value> {
     let mut cleanup = Cleanup::for_config(&config);
     let sink_queue = format!("{name}.sink");
     cleanup.queues.push(sink_queue.clone());
-    let result = measure(args, run, &env, &config, &redis, &sink_queue).await;
+    let result = match args.sink {
+        SinkChoice::Amqp => {
+            let setup = Setup {
+                env: &env,
+                config: &config,
+                redis: &redis,
+                sink_queue: &sink_queue,
+                webhook: None,
+            };
+            measure(args, run, &setup).await
+        }
+        SinkChoice::Webhook => {
+            let receiver = Receiver::start()?;
+            let mut hook =
+                webhook::target("bench", "hook.*", receiver.url("/hook"), args.max_in_flight);
+            // A request answered late under callgrind must not count as failed, nor
+            // its job be requeued meanwhile.
+            hook.timeout_ms = 60_000;
+            config.dispatch.ttr_ms = 120_000;
+            config.targets = vec![hook];
+            let file = std::env::temp_dir().join(format!("{name}.targets.toml"));
+            let written = webhook::write_targets(&config, &file);
+            let setup = Setup {
+                env: &env,
+                config: &config,
+                redis: &redis,
+                sink_queue: &sink_queue,
+                webhook: Some((&file, &receiver)),
+            };
+            let result = match written {
+                Ok(()) => measure(args, run, &setup).await,
+                Err(err) => Err(err),
+            };
+            receiver.stop();
+            let _ = std::fs::remove_file(&file);
+            result
+        }
+    };
     cleanup.run().await;
     result
 }
 
-async fn measure(
-    args: &InstructionsArgs,
-    run: usize,
-    env: &Env,
-    config: &redisched::config::Config,
-    redis: &PrivateRedis,
-    sink_queue: &str,
-) -> Result<Value> {
-    let n = args.commands;
-    let connection = common::amqp(&env.amqp_url).await?;
-    let setup = connection.create_channel().await?;
-    redisched::amqp::declare_topology(&setup, &config.amqp).await?;
+/// The phases done so far, each ended by a callgrind dump and an `INFO commandstats`.
+struct Recorder<'a> {
+    pid: u32,
+    out: PathBuf,
+    conn: &'a MultiplexedConnection,
+    mark: Instant,
+    stats_before: BTreeMap<String, (u64, u64)>,
+    phases: Vec<Phase>,
+}
+
+impl Recorder<'_> {
+    async fn end(&mut self, label: &str) -> Result<()> {
+        let stats = commandstats(self.conn).await?;
+        let seconds = self.mark.elapsed().as_secs_f64();
+        let instructions = dump(self.pid, &self.out, phases_done(&self.out, self.pid), label)?;
+        self.mark = Instant::now();
+        let redis = stats
+            .iter()
+            .map(|(k, (calls, usec))| {
+                let (c0, u0) = self.stats_before.get(k).copied().unwrap_or((0, 0));
+                (k.clone(), (calls - c0, usec - u0))
+            })
+            .filter(|(_, (calls, _))| *calls > 0)
+            .collect();
+        self.stats_before = stats;
+        if label != "startup" && label != "idle" {
+            eprintln!("  {label}: {instructions} instructions in {seconds:.1} s");
+        }
+        self.phases.push(Phase {
+            instructions,
+            seconds,
+            redis,
+        });
+        Ok(())
+    }
+}
+
+/// Starts the bridge under callgrind (with the targets' file, if any).
+fn spawn_bridge(setup: &Setup<'_>, out: &Path) -> Result<ChildBridge> {
+    let mut command = Command::new("valgrind");
+    command
+        .arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}.%p", out.display()))
+        .arg(&setup.env.bridge_bin);
+    if let Some((file, _)) = setup.webhook {
+        command.arg("--config").arg(file);
+    }
+    let child = command
+        .arg("run")
+        .envs(setup.config.to_env())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start valgrind (Debian package valgrind)")?;
+    Ok(ChildBridge { child })
+}
+
+async fn measure(args: &InstructionsArgs, run: usize, setup: &Setup<'_>) -> Result<Value> {
+    let (config, n) = (setup.config, args.commands);
+    let connection = common::amqp(&setup.env.amqp_url).await?;
+    let channel = connection.create_channel().await?;
+    redisched::amqp::declare_topology(&channel, &config.amqp).await?;
     common::durable_queue(
-        &setup,
-        sink_queue,
+        &channel,
+        setup.sink_queue,
         &config.amqp.ready_exchange,
         FieldTable::default(),
     )
     .await?;
     let store = common::store(config).await?;
-    let conn = redis.connect().await?;
-    let topics = [common::topic("a")?, common::topic("b")?];
+    let conn = setup.redis.connect().await?;
+    let names = match setup.webhook {
+        None => ["a", "b"],
+        Some(_) => ["hook.a", "hook.b"],
+    };
+    let topics = [common::topic(names[0])?, common::topic(names[1])?];
     for topic in &topics {
         store.pause(topic).await?;
     }
-    let sink = common::sink(&connection, sink_queue, false).await?;
-
+    if setup.webhook.is_some() {
+        // Loaded by the bench before the bridge starts: only their delivery is counted.
+        let body = common::body(args.body_bytes);
+        for (topic, count) in topics.iter().zip([n, 2 * n]) {
+            common::load_jobs(&store, topic, "job", count, &body, Due::NOW, "load").await?;
+        }
+    }
     let out = args
         .callgrind_dir
         .canonicalize()
         .unwrap_or_else(|_| args.callgrind_dir.clone())
         .join(format!("run{run}"));
-    let child = Command::new("valgrind")
-        .arg("--tool=callgrind")
-        .arg(format!("--callgrind-out-file={}.%p", out.display()))
-        .arg(&env.bridge_bin)
-        .arg("run")
-        .envs(config.to_env())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("start valgrind (Debian package valgrind)")?;
-    let mut bridge = ChildBridge { child };
-    let pid = bridge.pid();
-
-    let mut phases: Vec<Phase> = Vec::new();
-    let mut mark = Instant::now();
-    let mut stats_before = commandstats(&conn).await?;
-    let mut end_phase = |label: &str, stats: BTreeMap<String, (u64, u64)>| -> Result<Phase> {
-        let seconds = mark.elapsed().as_secs_f64();
-        let instructions = dump(pid, &out, phases_done(&out, pid), label)?;
-        mark = Instant::now();
-        let redis = stats
-            .iter()
-            .map(|(k, (calls, usec))| {
-                let (c0, u0) = stats_before.get(k).copied().unwrap_or((0, 0));
-                (k.clone(), (calls - c0, usec - u0))
-            })
-            .filter(|(_, (calls, _))| *calls > 0)
-            .collect();
-        stats_before = stats;
-        Ok(Phase {
-            instructions,
-            seconds,
-            redis,
-        })
+    let mut bridge = spawn_bridge(setup, &out)?;
+    let mut rec = Recorder {
+        pid: bridge.pid(),
+        out: out.clone(),
+        conn: &conn,
+        mark: Instant::now(),
+        stats_before: commandstats(&conn).await?,
+        phases: Vec::new(),
     };
-
-    // 1. startup
-    common::wait_until(
-        "the bridge's consumer",
-        Duration::from_secs(300),
-        || async {
-            if let Some(status) = bridge_exited(pid) {
-                bail!("the bridge under valgrind exited early: {status}");
-            }
-            Ok(common::queue_consumers(&setup, &config.amqp.commands_queue).await? > 0)
-        },
-    )
-    .await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    phases.push(end_phase("startup", commandstats(&conn).await?)?);
-    // 2. idle
-    tokio::time::sleep(IDLE).await;
-    phases.push(end_phase("idle", commandstats(&conn).await?)?);
-    // 3, 4. ingest
-    let body = common::body(args.body_bytes);
-    let publisher = connection.create_channel().await?;
-    for (k, count) in [(0usize, n), (1, 2 * n)] {
-        let topic = &topics[k];
-        let routing = topic.as_str().to_string();
-        common::publish_confirmed(
-            &publisher,
-            &config.amqp.commands_exchange,
-            count,
-            1000,
-            "",
-            |i| {
-                let id = common::job_id("job", i);
-                let props = common::command_props(
-                    &id,
-                    &[(redisched::amqp::headers::DELAY, AMQPValue::LongLongInt(0))],
-                );
-                (routing.clone(), props, body.clone())
-            },
-        )
-        .await?;
-        let queue = &config.amqp.commands_queue;
-        common::wait_until("commands applied", Duration::from_secs(900), || async {
-            Ok(store.stats(topic).await?.records >= count
-                && common::queue_depth(&setup, queue).await? == 0)
-        })
-        .await?;
-        phases.push(end_phase(PHASES[2 + k], commandstats(&conn).await?)?);
-        eprintln!(
-            "  {}: {} instructions in {:.1} s",
-            PHASES[2 + k],
-            phases[phases.len() - 1].instructions,
-            phases[phases.len() - 1].seconds
-        );
-    }
-    // 5, 6. dispatch
-    let mut expected = 0;
-    for (k, count) in [(0usize, n), (1, 2 * n)] {
-        let topic = &topics[k];
-        expected += count;
-        store.resume(topic).await?;
-        common::wait_until("jobs dispatched", Duration::from_secs(900), || async {
-            Ok(sink.count.load(Ordering::Relaxed) >= expected
-                && store.stats(topic).await?.records == 0)
-        })
-        .await?;
-        phases.push(end_phase(PHASES[4 + k], commandstats(&conn).await?)?);
-        eprintln!(
-            "  {}: {} instructions in {:.1} s",
-            PHASES[4 + k],
-            phases[phases.len() - 1].instructions,
-            phases[phases.len() - 1].seconds
-        );
-    }
-    let delivered = sink.count.load(Ordering::Relaxed);
-    sink.stop().await;
-    match bridge.terminate(Duration::from_secs(120))? {
+    let ctx = Phases {
+        args,
+        config,
+        store: &store,
+        topics: &topics,
+        channel: &channel,
+        sink_queue: setup.sink_queue,
+    };
+    let outcome = match setup.webhook {
+        None => ctx.amqp(&mut rec, &connection).await,
+        Some((_, receiver)) => ctx.webhook(&mut rec, receiver).await,
+    };
+    let stopped = bridge.terminate(Duration::from_secs(120));
+    let _ = connection.close(200, "bye".into()).await;
+    let delivered = outcome?;
+    match stopped? {
         Some(_) => {}
         None => bail!("the bridge under valgrind did not stop within 120 s of SIGTERM"),
     }
-    let _ = connection.close(200, "bye".into()).await;
-    if delivered != 3 * n {
+    if delivered < 3 * n {
         bail!("{delivered} jobs delivered, {} expected", 3 * n);
     }
+    Ok(run_json(run, n, &out, &rec.phases, setup.webhook.is_some()))
+}
 
+/// The phases of one run after the bridge started.
+struct Phases<'a> {
+    args: &'a InstructionsArgs,
+    config: &'a redisched::config::Config,
+    store: &'a redisched::store::Store,
+    topics: &'a [redisched::job::Topic; 2],
+    channel: &'a lapin::Channel,
+    sink_queue: &'a str,
+}
+
+impl Phases<'_> {
+    /// Startup (until the commands queue has its consumer, plus a settling second)
+    /// and idle.
+    async fn start(&self, rec: &mut Recorder<'_>) -> Result<()> {
+        let pid = rec.pid;
+        let queue = &self.config.amqp.commands_queue;
+        common::wait_until(
+            "the bridge's consumer",
+            Duration::from_secs(300),
+            || async {
+                if let Some(status) = bridge_exited(pid) {
+                    bail!("the bridge under valgrind exited early: {status}");
+                }
+                Ok(common::queue_consumers(self.channel, queue).await? > 0)
+            },
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        rec.end("startup").await?;
+        tokio::time::sleep(IDLE).await;
+        rec.end("idle").await
+    }
+
+    /// Ingest of N and 2N put commands, then their dispatch to the ready exchange;
+    /// returns the jobs the bench consumed.
+    async fn amqp(&self, rec: &mut Recorder<'_>, connection: &lapin::Connection) -> Result<u64> {
+        let (config, n, store) = (self.config, self.args.commands, self.store);
+        let sink = common::sink(connection, self.sink_queue, false).await?;
+        self.start(rec).await?;
+        let body = common::body(self.args.body_bytes);
+        let publisher = connection.create_channel().await?;
+        for (topic, count) in self.topics.iter().zip([n, 2 * n]) {
+            let routing = topic.as_str().to_string();
+            common::publish_confirmed(
+                &publisher,
+                &config.amqp.commands_exchange,
+                count,
+                1000,
+                "",
+                |i| {
+                    let id = common::job_id("job", i);
+                    let props = common::command_props(
+                        &id,
+                        &[(redisched::amqp::headers::DELAY, AMQPValue::LongLongInt(0))],
+                    );
+                    (routing.clone(), props, body.clone())
+                },
+            )
+            .await?;
+            let queue = &config.amqp.commands_queue;
+            common::wait_until("commands applied", Duration::from_secs(900), || async {
+                Ok(store.stats(topic).await?.records >= count
+                    && common::queue_depth(self.channel, queue).await? == 0)
+            })
+            .await?;
+            rec.end(if count == n { "ingest_n" } else { "ingest_2n" })
+                .await?;
+        }
+        let mut expected = 0;
+        for (topic, count) in self.topics.iter().zip([n, 2 * n]) {
+            expected += count;
+            store.resume(topic).await?;
+            common::wait_until("jobs dispatched", Duration::from_secs(900), || async {
+                Ok(sink.count.load(Ordering::Relaxed) >= expected
+                    && store.stats(topic).await?.records == 0)
+            })
+            .await?;
+            rec.end(if count == n {
+                "dispatch_n"
+            } else {
+                "dispatch_2n"
+            })
+            .await?;
+        }
+        let delivered = sink.count.load(Ordering::Relaxed);
+        sink.stop().await;
+        Ok(delivered)
+    }
+
+    /// N and 2N due jobs of paused topics, resumed one after the other, POSTed to the
+    /// receiver and released; returns the requests the receiver got.
+    async fn webhook(&self, rec: &mut Recorder<'_>, receiver: &Receiver) -> Result<u64> {
+        let (n, store) = (self.args.commands, self.store);
+        let counted = receiver.count();
+        self.start(rec).await?;
+        let mut expected = 0;
+        for (topic, count) in self.topics.iter().zip([n, 2 * n]) {
+            expected += count;
+            store.resume(topic).await?;
+            common::wait_until("jobs POSTed", Duration::from_secs(900), || async {
+                Ok(
+                    receiver.count() - counted >= expected
+                        && store.stats(topic).await?.records == 0,
+                )
+            })
+            .await?;
+            rec.end(if count == n {
+                "webhook_n"
+            } else {
+                "webhook_2n"
+            })
+            .await?;
+        }
+        Ok(receiver.count() - counted)
+    }
+}
+
+/// One run's figures: marginal instructions per item, the idle rate, Redis's share.
+fn run_json(run: usize, n: u64, out: &Path, phases: &[Phase], webhook: bool) -> Value {
     let per = |a: usize, b: usize| -> f64 {
         (phases[b].instructions as f64 - phases[a].instructions as f64) / n as f64
     };
     let idle_per_s = phases[1].instructions as f64 / phases[1].seconds;
+    let labels: &[&str] = if webhook { &WEBHOOK_PHASES } else { &PHASES };
     let mut phase_json = json!({});
-    for (label, phase) in PHASES.iter().zip(&phases) {
+    for (label, phase) in labels.iter().zip(phases) {
         phase_json[*label] = json!({
             "instructions": phase.instructions,
             "seconds": common::round2(phase.seconds),
@@ -325,17 +493,23 @@ async fn measure(
             "usec_per_call": if cb > 0 { ub as f64 / cb as f64 } else { 0.0 },
         })
     };
-    Ok(json!({
+    let mut figures = json!({
         "run": run,
         "n": n,
         "callgrind_files": out.display().to_string(),
-        "instructions_per_command": per(2, 3),
-        "instructions_per_job": per(4, 5),
         "idle_instructions_per_s": idle_per_s,
-        "redis_evalsha_ingest": redis_marginal(2, 3, "evalsha"),
-        "redis_evalsha_dispatch": redis_marginal(4, 5, "evalsha"),
         "phases": phase_json,
-    }))
+    });
+    if webhook {
+        figures["instructions_per_webhook_job"] = json!(per(2, 3));
+        figures["redis_evalsha_webhook"] = redis_marginal(2, 3, "evalsha");
+    } else {
+        figures["instructions_per_command"] = json!(per(2, 3));
+        figures["instructions_per_job"] = json!(per(4, 5));
+        figures["redis_evalsha_ingest"] = redis_marginal(2, 3, "evalsha");
+        figures["redis_evalsha_dispatch"] = redis_marginal(4, 5, "evalsha");
+    }
+    figures
 }
 
 /// Whether the child already exited (reads /proc: the pid is ours until reaped).
@@ -466,6 +640,8 @@ fn summarize(args: &InstructionsArgs, runs: &[Value]) -> Value {
         "method": "marginal: (phase of 2N - phase of N) / N, callgrind Ir of the whole bridge process; see bench/src/instructions.rs",
         "instructions_per_command": spread("instructions_per_command", None, 0),
         "instructions_per_job": spread("instructions_per_job", None, 0),
+        "instructions_per_webhook_job": spread("instructions_per_webhook_job", None, 0),
+        "sink": format!("{:?}", args.sink).to_lowercase(),
         "idle_instructions_per_s": spread("idle_instructions_per_s", None, 0),
         "redis_note": "INFO commandstats counts EVALSHA as one command: in the ingest phases almost every call is put.lua (calls per command ~1), in the dispatch phases reserve.lua and release.lua share the figure",
         "redis_put_lua_usec_per_call": spread("redis_evalsha_ingest", Some("usec_per_call"), 2),
@@ -474,6 +650,8 @@ fn summarize(args: &InstructionsArgs, runs: &[Value]) -> Value {
         "redis_evalsha_usec_per_job": spread("redis_evalsha_dispatch", Some("usec_per_item"), 2),
         "redis_evalsha_usec_per_call_dispatch": spread("redis_evalsha_dispatch", Some("usec_per_call"), 2),
         "redis_evalsha_calls_per_job": spread("redis_evalsha_dispatch", Some("calls_per_item"), 3),
+        "redis_evalsha_usec_per_webhook_job": spread("redis_evalsha_webhook", Some("usec_per_item"), 2),
+        "redis_evalsha_calls_per_webhook_job": spread("redis_evalsha_webhook", Some("calls_per_item"), 3),
     })
 }
 
@@ -497,6 +675,22 @@ fn print_table(report: &Value) {
         "\ninstructions of the bridge (callgrind Ir), N = {}",
         report["n"]
     );
+    if report["sink"] == "webhook" {
+        println!(
+            "  per webhook-delivered job: {}",
+            show(&report["instructions_per_webhook_job"])
+        );
+        println!(
+            "  idle, per second:          {}",
+            show(&report["idle_instructions_per_s"])
+        );
+        println!(
+            "  Redis: EVALSHA µs per job {} ({} calls per job: reserve.lua + release.lua)",
+            show(&report["redis_evalsha_usec_per_webhook_job"]),
+            report["redis_evalsha_calls_per_webhook_job"]["median"],
+        );
+        return;
+    }
     println!(
         "  per ingested command: {}",
         show(&report["instructions_per_command"])

@@ -3,6 +3,7 @@
 //! once (`webhook_sink.rs`), so a slow or dead target holds only its own slots.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -23,7 +24,8 @@ impl Dispatcher {
         let cfg = &self.config.dispatch;
         let poll = Duration::from_millis(cfg.poll_interval_ms);
         let ttr = Duration::from_millis(cfg.ttr_ms);
-        let settler = self.settler();
+        // One for the loop, shared by every request's task rather than cloned into it.
+        let settler = Arc::new(self.settler());
         let mut redis_backoff = Duration::from_millis(100);
         while !shutdown.is_cancelled() {
             let step = async {
@@ -93,7 +95,7 @@ impl Dispatcher {
         plan: &mut Plan,
         hooks: Vec<(usize, Vec<Topic>)>,
         ttr: Duration,
-        settler: &Settler,
+        settler: &Arc<Settler>,
     ) -> Result<(), crate::store::StoreError> {
         for (index, topics) in hooks {
             let room = self.webhooks.room(index);
@@ -118,11 +120,7 @@ impl Dispatcher {
                                 ) => {}
                             Ok(ticket) => {
                                 let lease = ticket.lease.clone();
-                                if self
-                                    .webhooks
-                                    .send(index, &topic, job, ticket, settler)
-                                    .is_err()
-                                {
+                                if self.webhooks.send(index, job, ticket, settler).is_err() {
                                     // Not expected: only this loop takes slots. Due again now
                                     // (or, if Redis does not answer, once the TTR expires).
                                     if let Err(error) =

@@ -7,6 +7,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use hyper::body::Bytes;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::TaskTracker;
 
@@ -20,7 +21,8 @@ use crate::webhook::{Client, Outgoing};
 
 #[derive(Debug)]
 struct Target {
-    client: Client,
+    /// Shared with each request's task: built once, at setup.
+    client: Arc<Client>,
     slots: Arc<Semaphore>,
 }
 
@@ -73,9 +75,10 @@ impl Releases {
                 }
                 std::mem::take(&mut pending.0)
             };
-            let tickets: Vec<Ticket> = batch.iter().map(|(ticket, _)| ticket.clone()).collect();
+            let (tickets, slots): (Vec<Ticket>, Vec<OwnedSemaphorePermit>) =
+                batch.into_iter().unzip();
             settler.release(&tickets).await;
-            drop(batch);
+            drop(slots);
             room.notify_one();
         }
     }
@@ -91,7 +94,7 @@ impl WebhookSinks {
             .map(|t| {
                 Ok(Target {
                     slots: Arc::new(Semaphore::new(t.max_in_flight)),
-                    client: Client::new(t.clone())?,
+                    client: Arc::new(Client::new(t.clone())?),
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -129,10 +132,9 @@ impl WebhookSinks {
     pub(crate) fn send(
         &self,
         index: usize,
-        topic: &Topic,
         job: ReservedJob,
         ticket: Ticket,
-        settler: &Settler,
+        settler: &Arc<Settler>,
     ) -> Result<(), ReservedJob> {
         let Some(target) = self.targets.get(index) else {
             return Err(job);
@@ -142,7 +144,6 @@ impl WebhookSinks {
         };
         let delivery = Delivery {
             client: target.client.clone(),
-            topic: topic.clone(),
             job,
             ticket,
             settler: settler.clone(),
@@ -164,42 +165,44 @@ impl WebhookSinks {
 }
 
 struct Delivery {
-    client: Client,
-    topic: Topic,
+    client: Arc<Client>,
     job: ReservedJob,
+    /// Its lease names the job's topic.
     ticket: Ticket,
-    settler: Settler,
+    settler: Arc<Settler>,
     room: Arc<Notify>,
     releases: Arc<Releases>,
 }
 
 impl Delivery {
-    async fn run(self, slot: OwnedSemaphorePermit) {
-        let name = self.client.target.name.clone();
+    async fn run(mut self, slot: OwnedSemaphorePermit) {
+        let client = self.client.clone();
+        let name = client.target.name.as_str();
         let webhooks = &self.settler.metrics.webhooks;
+        let topic = &self.ticket.lease.topic;
         let props = decode_meta(&self.job.meta).unwrap_or_else(|err| {
-            tracing::warn!(topic = %self.topic, id = %self.job.id, %err, "job metadata unreadable; delivering without it");
+            tracing::warn!(topic = %topic, id = %self.job.id, %err, "job metadata unreadable; delivering without it");
             Default::default()
         });
+        // Moved, not copied: the request shares these bytes.
+        let body = Bytes::from(std::mem::take(&mut self.job.body));
         let outgoing = Outgoing {
-            topic: self.topic.as_str(),
+            topic: topic.as_str(),
             id: &self.job.id,
             due_at: self.ticket.due_at,
             scheduled_at: self.ticket.scheduled_at,
             attempt: self.job.attempt,
-            body: &self.job.body,
+            body: &body,
             props: &props,
         };
-        webhooks.started(&name);
-        let (result, took) = self.client.post(&outgoing).await;
+        webhooks.started(name);
+        let (result, took) = client.post(&outgoing).await;
         let seconds = took.as_secs_f64();
         match result {
             Ok(delivered) => {
-                webhooks.finished(&name, "2xx", delivered.status.to_string(), None, seconds);
-                let ticket = Ticket {
-                    note: format!("HTTP {}", delivered.status),
-                    ..self.ticket.clone()
-                };
+                webhooks.finished(name, "2xx", delivered.status.to_string(), None, seconds);
+                let mut ticket = self.ticket;
+                ticket.note = format!("HTTP {}", delivered.status);
                 // The slot goes with the job: freed once it is released.
                 self.releases
                     .release(&self.settler, &self.room, (ticket, slot))
@@ -211,13 +214,13 @@ impl Delivery {
                     .status
                     .map_or_else(|| failure.code.to_owned(), |s| s.to_string());
                 webhooks.finished(
-                    &name,
+                    name,
                     failure.code,
                     status,
                     Some(failure.reason.clone()),
                     seconds,
                 );
-                tracing::debug!(target = %name, topic = %self.topic, id = %self.job.id, reason = %failure.reason, "webhook delivery failed; retried");
+                tracing::debug!(target = %name, topic = %topic, id = %self.job.id, reason = %failure.reason, "webhook delivery failed; retried");
                 let cap = Duration::from_millis(self.settler.config.dispatch.retry_max_ms);
                 // `Retry-After` says "not before": never earlier than the backoff either.
                 let delay = self

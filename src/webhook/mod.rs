@@ -8,6 +8,7 @@ mod sign;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use hyper::body::Bytes;
 use lapin::protocol::basic::AMQPProperties;
 use lapin::types::AMQPValue;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
@@ -25,6 +26,18 @@ const SUCCESS_BODY_BYTES: usize = 64 * 1024;
 /// How much of a failed response's body `last_error` quotes.
 const ERROR_BODY_BYTES: usize = 200;
 
+// The names every request carries, built at compile time rather than parsed per request.
+const TOPIC: HeaderName = HeaderName::from_static(headers::TOPIC);
+const ID: HeaderName = HeaderName::from_static(headers::ID);
+const DUE_AT: HeaderName = HeaderName::from_static(headers::DUE_AT);
+const ATTEMPT: HeaderName = HeaderName::from_static(headers::ATTEMPT);
+const SCHEDULED_AT: HeaderName = HeaderName::from_static(headers::SCHEDULED_AT);
+const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+const WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
+const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
+/// Headers a request adds to the target's own (forwarded ones aside): no regrowth.
+const OWN_HEADERS: usize = 9;
+
 /// One due job as the transport sees it.
 #[derive(Debug)]
 pub struct Outgoing<'a> {
@@ -35,7 +48,8 @@ pub struct Outgoing<'a> {
     /// The occurrence's scheduled time before its jitter (`due_at` when none).
     pub scheduled_at: i64,
     pub attempt: u32,
-    pub body: &'a [u8],
+    /// Shared, not copied, into a raw request's body.
+    pub body: &'a Bytes,
     /// The job's stored AMQP properties (content type, forwarded headers, its URL).
     pub props: &'a AMQPProperties,
 }
@@ -122,49 +136,53 @@ impl Client {
 
     /// The request's headers: the target's own, the forwarded ones, the job's
     /// (`x-redisched-*`) and the Standard Webhooks id, timestamp and signature of `body`.
+    /// Each is inserted in that order, a later one replacing an earlier of its name.
     fn request_headers(&self, job: &Outgoing<'_>, body: &[u8]) -> HeaderMap {
-        let mut request_headers = self.extra.clone();
+        let mut map = if self.extra.is_empty() {
+            HeaderMap::with_capacity(OWN_HEADERS)
+        } else {
+            let mut map = self.extra.clone();
+            map.reserve(OWN_HEADERS);
+            map
+        };
         if self.target.forward_headers {
-            forward(job.props, &mut request_headers);
+            forward(job.props, &mut map);
         }
         let content_type = match (self.target.body_mode(), job.props.content_type()) {
-            (BodyMode::Seed, _) => "application/json".to_owned(),
-            (BodyMode::Raw, Some(ct)) => ct.as_str().to_owned(),
-            (BodyMode::Raw, None) => "application/octet-stream".to_owned(),
+            (BodyMode::Seed, _) => Ok(HeaderValue::from_static("application/json")),
+            (BodyMode::Raw, Some(ct)) => HeaderValue::from_str(ct.as_str()),
+            (BodyMode::Raw, None) => Ok(HeaderValue::from_static("application/octet-stream")),
         };
-        put(&mut request_headers, CONTENT_TYPE.as_str(), &content_type);
-        put(&mut request_headers, headers::TOPIC, job.topic);
-        put(&mut request_headers, headers::ID, &header_safe(job.id));
-        put(
-            &mut request_headers,
-            headers::DUE_AT,
-            &job.due_at.to_string(),
-        );
-        put(
-            &mut request_headers,
-            headers::ATTEMPT,
-            &job.attempt.to_string(),
-        );
-        put(
-            &mut request_headers,
-            headers::SCHEDULED_AT,
-            &job.scheduled_at.to_string(),
+        // As before: a value that cannot be a header value is left out, not an error.
+        if let Ok(value) = content_type {
+            map.insert(CONTENT_TYPE, value);
+        }
+        if let Ok(value) = HeaderValue::from_str(job.topic) {
+            map.insert(TOPIC, value);
+        }
+        if let Ok(value) = header_safe_value(job.id) {
+            map.insert(ID, value);
+        }
+        map.insert(DUE_AT, decimal(job.due_at < 0, job.due_at.unsigned_abs()));
+        map.insert(ATTEMPT, decimal(false, job.attempt.into()));
+        map.insert(
+            SCHEDULED_AT,
+            decimal(job.scheduled_at < 0, job.scheduled_at.unsigned_abs()),
         );
         let msg_id = webhook_id(job.topic, job.id, job.due_at, job.body, job.props);
         let timestamp = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        put(&mut request_headers, "webhook-id", &msg_id);
-        put(
-            &mut request_headers,
-            "webhook-timestamp",
-            &timestamp.to_string(),
-        );
-        if !self.keys.is_empty() {
-            let signed = signature(&self.keys, &msg_id, timestamp, body);
-            put(&mut request_headers, "webhook-signature", &signed);
+        let signed =
+            (!self.keys.is_empty()).then(|| signature(&self.keys, &msg_id, timestamp, body));
+        if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(msg_id)) {
+            map.insert(WEBHOOK_ID, value);
         }
-        request_headers
+        map.insert(WEBHOOK_TIMESTAMP, decimal(false, timestamp));
+        if let Some(Ok(value)) = signed.map(|s| HeaderValue::from_maybe_shared(Bytes::from(s))) {
+            map.insert(WEBHOOK_SIGNATURE, value);
+        }
+        map
     }
 
     async fn try_post(&self, job: &Outgoing<'_>) -> Result<Delivered, Failure> {
@@ -182,16 +200,17 @@ impl Client {
             Some(_) => reqwest::Url::parse(url).map_err(|e| failure("url", e.to_string()))?,
         };
         let body = match self.target.body_mode() {
-            BodyMode::Raw => job.body.to_vec(),
-            BodyMode::Seed => seed_body(job),
+            BodyMode::Raw => job.body.clone(),
+            BodyMode::Seed => Bytes::from(seed_body(job)),
         };
-        let request_headers = self.request_headers(job, &body);
+        // Built whole rather than through `RequestBuilder`, which would copy the
+        // headers over one by one into a map of its own.
+        let mut request = reqwest::Request::new(reqwest::Method::POST, parsed);
+        *request.headers_mut() = self.request_headers(job, &body);
+        *request.body_mut() = Some(body.into());
         let response = self
             .http
-            .post(parsed)
-            .headers(request_headers)
-            .body(body)
-            .send()
+            .execute(request)
             .await
             .map_err(|e| transport_failure(name, self.target.timeout_ms, url, &e))?;
         let status = response.status();
@@ -257,6 +276,27 @@ async fn refusal(name: &str, response: reqwest::Response) -> Failure {
         reason,
         retry_after,
     }
+}
+
+/// A number as `to_string` writes it, as a header value: written on the stack, where
+/// `HeaderValue::from` for integers fills a growable buffer first.
+fn decimal(negative: bool, magnitude: u64) -> HeaderValue {
+    let mut buf = [0u8; 21];
+    let mut at = buf.len();
+    let mut rest = magnitude;
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if negative {
+        at -= 1;
+        buf[at] = b'-';
+    }
+    HeaderValue::from_bytes(&buf[at..]).unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
 fn failure(code: &'static str, reason: String) -> Failure {
@@ -401,7 +441,7 @@ fn seed_body(job: &Outgoing<'_>) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
         "topic": job.topic,
         "id": job.id,
-        "contents": String::from_utf8_lossy(job.body),
+        "contents": String::from_utf8_lossy(job.body.as_ref()),
     }))
     .unwrap_or_default()
 }
@@ -437,9 +477,22 @@ fn forward(props: &AMQPProperties, map: &mut HeaderMap) {
     }
 }
 
+/// [`header_safe`] as a header value, with no copy to a `String` for plain text.
+fn header_safe_value(text: &str) -> Result<HeaderValue, reqwest::header::InvalidHeaderValue> {
+    if is_plain(text) {
+        HeaderValue::from_str(text)
+    } else {
+        HeaderValue::from_str(&header_safe(text))
+    }
+}
+
+fn is_plain(text: &str) -> bool {
+    text.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'%')
+}
+
 /// Text as a header value: printable ASCII as is, anything else percent-encoded.
 pub fn header_safe(text: &str) -> String {
-    if text.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'%') {
+    if is_plain(text) {
         return text.to_owned();
     }
     let mut out = String::with_capacity(text.len() * 3);
@@ -479,5 +532,13 @@ mod tests {
         assert_eq!(header_safe("order-42"), "order-42");
         assert_eq!(header_safe("größe"), "gr%C3%B6%C3%9Fe");
         assert_eq!(header_safe("100%"), "100%25");
+    }
+
+    #[test]
+    fn numbers_are_written_as_to_string_writes_them() {
+        for n in [0, 7, -1, 1_796_090_000_002, i64::MAX, i64::MIN] {
+            assert_eq!(decimal(n < 0, n.unsigned_abs()), n.to_string().as_str());
+        }
+        assert_eq!(decimal(false, u64::MAX), u64::MAX.to_string().as_str());
     }
 }

@@ -34,7 +34,7 @@ mod peer;
 mod precision;
 mod report;
 mod table;
-mod webhook;
+pub(crate) mod webhook;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

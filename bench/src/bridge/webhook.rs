@@ -232,8 +232,8 @@ async fn measure(
     }))
 }
 
-/// A target serving `topic` at the receiver, with the bench's own settings.
-fn target(name: &str, topic: &str, url: String, max_in_flight: usize) -> TargetConfig {
+/// A target serving `topic` (a pattern) at the receiver, with the bench's own settings.
+pub(crate) fn target(name: &str, topic: &str, url: String, max_in_flight: usize) -> TargetConfig {
     TargetConfig {
         name: name.into(),
         topics: vec![topic.into()],
@@ -245,6 +245,13 @@ fn target(name: &str, topic: &str, url: String, max_in_flight: usize) -> TargetC
 
 /// Validates `config` (with its targets) and starts a bridge with its targets in `file`.
 fn start_bridge(env: &Env, config: &Config, file: &Path) -> Result<Bridge> {
+    write_targets(config, file)?;
+    Bridge::start_with_file(env, config, file)
+}
+
+/// Validates `config` and writes its targets to `file` as TOML (targets have no env
+/// form: the child reads them with `--config file`).
+pub(crate) fn write_targets(config: &Config, file: &Path) -> Result<()> {
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("bench config: {e}"))?;
@@ -256,8 +263,7 @@ fn start_bridge(env: &Env, config: &Config, file: &Path) -> Result<Bridge> {
         targets: &config.targets,
     })
     .context("write the targets as TOML")?;
-    std::fs::write(file, text).with_context(|| format!("write {}", file.display()))?;
-    Bridge::start_with_file(env, config, file)
+    std::fs::write(file, text).with_context(|| format!("write {}", file.display()))
 }
 
 /// The ceiling's client: as the bridge builds a target's (no redirects, pooled keep-alive).
@@ -859,7 +865,7 @@ async fn collect(
 /// The webhook consumer every figure posts to: counts requests, keeps their arrival and
 /// producer-clock headers while recording, holds each for a while if told. Runs on a
 /// runtime of its own so the bench's client does not share its threads' queues.
-struct Receiver {
+pub(crate) struct Receiver {
     addr: SocketAddr,
     shared: Arc<Shared>,
     stop: Mutex<Option<oneshot::Sender<()>>>,
@@ -878,7 +884,7 @@ struct Shared {
 }
 
 impl Receiver {
-    fn start() -> Result<Self> {
+    pub(crate) fn start() -> Result<Self> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").context("bind the receiver")?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
@@ -921,11 +927,11 @@ impl Receiver {
         })
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
-    fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.shared.count.load(Ordering::Relaxed)
     }
 
@@ -958,7 +964,7 @@ impl Receiver {
         }
     }
 
-    fn stop(&self) {
+    pub(crate) fn stop(&self) {
         if let Some(stop) = self.stop.lock().ok().and_then(|mut s| s.take()) {
             let _ = stop.send(());
         }
