@@ -163,12 +163,9 @@ impl Client {
         if let Ok(value) = header_safe_value(job.id) {
             map.insert(ID, value);
         }
-        map.insert(DUE_AT, decimal(job.due_at < 0, job.due_at.unsigned_abs()));
-        map.insert(ATTEMPT, decimal(false, job.attempt.into()));
-        map.insert(
-            SCHEDULED_AT,
-            decimal(job.scheduled_at < 0, job.scheduled_at.unsigned_abs()),
-        );
+        map.insert(DUE_AT, decimal(job.due_at));
+        map.insert(ATTEMPT, decimal(job.attempt));
+        map.insert(SCHEDULED_AT, decimal(job.scheduled_at));
         let msg_id = webhook_id(job.topic, job.id, job.due_at, job.body, job.props);
         let timestamp = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -178,7 +175,7 @@ impl Client {
         if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(msg_id)) {
             map.insert(WEBHOOK_ID, value);
         }
-        map.insert(WEBHOOK_TIMESTAMP, decimal(false, timestamp));
+        map.insert(WEBHOOK_TIMESTAMP, decimal(timestamp));
         if let Some(Ok(value)) = signed.map(|s| HeaderValue::from_maybe_shared(Bytes::from(s))) {
             map.insert(WEBHOOK_SIGNATURE, value);
         }
@@ -278,25 +275,11 @@ async fn refusal(name: &str, response: reqwest::Response) -> Failure {
     }
 }
 
-/// A number as `to_string` writes it, as a header value: written on the stack, where
-/// `HeaderValue::from` for integers fills a growable buffer first.
-fn decimal(negative: bool, magnitude: u64) -> HeaderValue {
-    let mut buf = [0u8; 21];
-    let mut at = buf.len();
-    let mut rest = magnitude;
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    if negative {
-        at -= 1;
-        buf[at] = b'-';
-    }
-    HeaderValue::from_bytes(&buf[at..]).unwrap_or_else(|_| HeaderValue::from_static("0"))
+/// A number as `to_string` writes it, as a header value, formatted on the stack (`itoa`)
+/// rather than through a growable buffer as `HeaderValue::from` for integers does.
+fn decimal(n: impl itoa::Integer) -> HeaderValue {
+    HeaderValue::from_str(itoa::Buffer::new().format(n))
+        .unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
 fn failure(code: &'static str, reason: String) -> Failure {
@@ -537,8 +520,8 @@ mod tests {
     #[test]
     fn numbers_are_written_as_to_string_writes_them() {
         for n in [0, 7, -1, 1_796_090_000_002, i64::MAX, i64::MIN] {
-            assert_eq!(decimal(n < 0, n.unsigned_abs()), n.to_string().as_str());
+            assert_eq!(decimal(n), n.to_string().as_str());
         }
-        assert_eq!(decimal(false, u64::MAX), u64::MAX.to_string().as_str());
+        assert_eq!(decimal(u64::MAX), u64::MAX.to_string().as_str());
     }
 }
