@@ -9,7 +9,6 @@
 use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::bridge::*;
@@ -17,9 +16,7 @@ use lapin::message::Delivery;
 use lapin::types::AMQPValue;
 use redis::Commands;
 use redisched::config::Config;
-use redisched::feed::Feed;
 use redisched::job::{Due, JobId, PutMode, Topic};
-use redisched::metrics::Metrics;
 use redisched::schedule::{jitter_delay, Schedule};
 use redisched::store::{Delivered, Lease, NextDue, PutRequest, ScheduleSpec};
 use redisched_testkit::percentile;
@@ -695,19 +692,13 @@ async fn rest_and_cli_refuse_bad_jitter_and_store_a_good_one() {
     let store = common::test_store().await;
     let mut config = Config::default();
     config.limits.min_interval_ms = 100;
-    let state = redisched::http::AppState {
-        store: store.store.clone(),
-        metrics: Arc::new(Metrics::new()),
-        feed: Feed::new(),
-        config: Arc::new(config),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(redisched::http::serve(state, listener, shutdown.clone()));
-    let client = reqwest::Client::new();
+    let common::api::Served {
+        base,
+        client,
+        shutdown,
+        task: server,
+        ..
+    } = common::api::serve(store.store.clone(), config).await;
     let put = |query: &str| {
         client
             .put(format!("{base}/v1/topics/restj/jobs/r1?{query}"))

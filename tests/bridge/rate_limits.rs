@@ -822,31 +822,15 @@ fn unlimited_path_cost() {
     let old_reserve = std::fs::read_to_string(old_path).expect("read the old reserve.lua");
     let jobs = env_number("RATE_BENCH_JOBS", 50_000) as usize;
     let pairs = env_number("RATE_BENCH_PAIRS", 5) as usize;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
+    let server = common::faults::PrivateRedis::start();
+    let mut conn = server.connection();
+    // Server time of the scripts alone: the AOF the fault tests keep is off here.
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("appendonly")
+        .arg("no")
+        .exec(&mut conn)
         .unwrap();
-    let mut server = std::process::Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("redis-server");
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
-    let mut conn = (0..100)
-        .find_map(|_| {
-            std::thread::sleep(Duration::from_millis(50));
-            client.get_connection().ok()
-        })
-        .expect("private redis-server up");
     let put = redis::Script::new(include_str!("../../lua/put.lua"));
     let release = redis::Script::new(include_str!("../../lua/release.lua"));
     let new_reserve = redis::Script::new(include_str!("../../lua/reserve.lua"));
@@ -946,8 +930,7 @@ fn unlimited_path_cost() {
             old_runs.push(run(&old_reserve, 8));
         }
     }
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     let median = |runs: &[(f64, f64)], pick: fn(&(f64, f64)) -> f64| {
         let mut v: Vec<f64> = runs.iter().map(pick).collect();
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());

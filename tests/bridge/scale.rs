@@ -3,80 +3,29 @@
 use crate::common;
 
 use std::collections::HashSet;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::bridge::*;
+use common::faults::PrivateRedis;
 use lapin::types::AMQPValue;
 use redisched::job::{Due, JobId, PutMode, Topic};
 use redisched::store::{ConnectOptions, Op, PutRequest, Store};
 use redisched_testkit::percentile;
 
-/// A redis-server of this test's own, so command counts are this test's alone.
-struct PrivateRedis {
-    child: Child,
-    port: u16,
-}
-
-impl PrivateRedis {
-    fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
-        let mut child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (apt-get install redis-server)");
-        for _ in 0..100 {
-            let pong = Command::new("redis-cli")
-                .args(["-p", &port.to_string(), "PING"])
-                .output();
-            if pong.is_ok_and(|o| o.stdout.starts_with(b"PONG")) {
-                return Self { child, port };
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("private redis-server on {port} did not start");
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-
-    /// Calls of one command so far (INFO commandstats).
-    fn calls(&self, command: &str) -> u64 {
-        let out = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string(), "INFO", "commandstats"])
-            .output()
-            .expect("redis-cli");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let prefix = format!("cmdstat_{command}:calls=");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Calls of one command so far on a private server (INFO commandstats), so the counts
+/// are this test's alone.
+fn calls(redis: &PrivateRedis, command: &str) -> u64 {
+    redis
+        .info_field("commandstats", &format!("cmdstat_{command}"))
+        .and_then(|stats| {
+            stats
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
 }
 
 async fn store_at(url: &str, prefix: &str) -> Store {
@@ -127,10 +76,10 @@ async fn ten_thousand_live_topics_cost_a_bounded_number_of_calls_per_tick() {
     tokio::time::sleep(Duration::from_secs(2)).await; // the start-up full pass
 
     // Every per-topic look is one ZRANGE (plain, or inside requeue.lua).
-    let before = redis.calls("zrange");
+    let before = calls(&redis, "zrange");
     let idle = Duration::from_secs(4);
     tokio::time::sleep(idle).await;
-    let per_second = (redis.calls("zrange") - before) as f64 / idle.as_secs_f64();
+    let per_second = (calls(&redis, "zrange") - before) as f64 / idle.as_secs_f64();
     let rescans = 1000.0 / config.dispatch.poll_interval_ms as f64;
     let requeues = 1000.0 / config.dispatch.requeue_interval_ms as f64;
     let bound = (redisched::dispatch::RESCAN_CHUNK as f64 * rescans

@@ -134,6 +134,7 @@ pub fn raw_redis() -> redis::Connection {
             )
         })
 }
+pub mod api;
 pub mod bridge;
 pub mod cluster;
 pub mod faults;

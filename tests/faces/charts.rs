@@ -5,14 +5,10 @@
 
 use crate::common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use redisched::config::Config;
-use redisched::feed::Feed;
-use redisched::http::{self, AppState};
 use redisched::job::{Due, JobId, PutMode, Topic};
-use redisched::metrics::Metrics;
 use redisched::store::{Lease, PutRequest, RetryOutcome, Store};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -31,17 +27,11 @@ impl Drop for Server {
 }
 
 async fn serve(store: &Store, config: Config) -> Server {
-    let state = AppState {
-        store: store.clone(),
-        metrics: Arc::new(Metrics::new()),
-        feed: Feed::new(),
-        config: Arc::new(config),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let shutdown = CancellationToken::new();
-    tokio::spawn(http::serve(state, listener, shutdown.clone()));
-    Server { base, shutdown }
+    let served = common::api::serve(store.clone(), config).await;
+    Server {
+        base: served.base,
+        shutdown: served.shutdown,
+    }
 }
 
 async fn put(store: &Store, topic: &Topic, id: &str, due: Due) -> i64 {

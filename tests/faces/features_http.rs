@@ -5,15 +5,11 @@
 
 use crate::common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use redisched::config::{Config, HttpConfig};
-use redisched::feed::Feed;
-use redisched::http::{self, AppState};
 use redisched::job::Topic;
-use redisched::metrics::Metrics;
 use redisched::store::{Lease, RetryOutcome, Store};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -34,22 +30,12 @@ impl Server {
             http,
             ..Config::default()
         };
-        let state = AppState {
-            store: store.clone(),
-            metrics: Arc::new(Metrics::new()),
-            feed: Feed::new(),
-            config: Arc::new(config),
-        };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr"));
-        let shutdown = CancellationToken::new();
-        tokio::spawn(http::serve(state, listener, shutdown.clone()));
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .expect("client");
+        let common::api::Served {
+            base,
+            client,
+            shutdown,
+            ..
+        } = common::api::serve(store.clone(), config).await;
         Self {
             base,
             client,

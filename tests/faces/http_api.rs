@@ -3,13 +3,11 @@
 
 use crate::common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use redisched::config::Config;
-use redisched::feed::{Event, Feed};
-use redisched::http::{self, AppState};
-use redisched::metrics::Metrics;
+use redisched::feed::Event;
+use redisched::http::AppState;
 use redisched::store::{ConnectOptions, Limits, Store};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -52,22 +50,13 @@ impl Server {
     }
 
     async fn start_configured(store: Store, config: Config) -> Self {
-        let state = AppState {
-            store,
-            metrics: Arc::new(Metrics::new()),
-            feed: Feed::new(),
-            config: Arc::new(config),
-        };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr"));
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(http::serve(state.clone(), listener, shutdown.clone()));
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .expect("client");
+        let common::api::Served {
+            base,
+            client,
+            state,
+            shutdown,
+            task,
+        } = common::api::serve(store, config).await;
         Self {
             base,
             client,

@@ -8,14 +8,11 @@ use crate::common;
 
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::faults::TempDir;
 use redisched::config::Config;
-use redisched::feed::Feed;
-use redisched::http::{self, AppState};
-use redisched::metrics::Metrics;
+use redisched::http::AppState;
 use redisched::store::Limits;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -36,22 +33,13 @@ struct Server {
 impl Server {
     async fn start(limits: Limits) -> Self {
         let store = common::test_store_with(limits).await;
-        let state = AppState {
-            store: store.store.clone(),
-            metrics: Arc::new(Metrics::new()),
-            feed: Feed::new(),
-            config: Arc::new(Config::default()),
-        };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr"));
-        let shutdown = CancellationToken::new();
-        tokio::spawn(http::serve(state.clone(), listener, shutdown.clone()));
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .expect("client");
+        let common::api::Served {
+            base,
+            client,
+            state,
+            shutdown,
+            ..
+        } = common::api::serve(store.store.clone(), Config::default()).await;
         Self {
             base,
             client,

@@ -109,19 +109,13 @@ impl TlsRedis {
     fn start(certs: &Certs) -> Self {
         let port = free_port();
         let dir = TempDir::new("tls-redis");
-        let child = Command::new("redis-server")
-            .args(["--port", "0", "--tls-port", &port.to_string()])
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        // No plain port: TLS only.
+        let child = redisched_testkit::redis_server(0, dir.path())
+            .args(["--tls-port", &port.to_string()])
             .args(["--tls-cert-file", &certs.file("server.pem")])
             .args(["--tls-key-file", &certs.file("server.key")])
             .args(["--tls-ca-cert-file", &certs.file("ca.pem")])
             .args(["--tls-auth-clients", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .arg("--logfile")
-            .arg(dir.path().join("redis.log"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-server (is it installed?)");
         let redis = Self { port, dir, child };
