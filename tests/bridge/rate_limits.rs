@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use common::bridge::*;
 use redis::Value;
-use redisched::job::{Due, JobId, PutMode, Topic};
+use redisched::job::{Due, Topic};
 use redisched::policy::{Policies, Policy, RateLimit, TopicPattern};
-use redisched::store::{Op, PutRequest, RateSource};
+use redisched::store::{Op, RateSource};
 use redisched_testkit::percentile;
 
 // ------------------------------------------------------------------ scripts, raw
@@ -293,17 +293,6 @@ fn bad_limits_are_refused_with_a_reason_and_change_nothing() {
 
 // ------------------------------------------------------------------ the typed store
 
-fn put(topic: &str, id: &str, due: Due) -> Op {
-    Op::Put(PutRequest {
-        topic: Topic::new(topic).unwrap(),
-        id: JobId::new(id).unwrap(),
-        body: b"x".to_vec(),
-        meta: Vec::new(),
-        due,
-        mode: PutMode::Keep,
-    })
-}
-
 #[tokio::test]
 async fn the_store_applies_policies_by_topic_pattern_and_reports_throttled_jobs() {
     let _shared = common::timed::shared().await;
@@ -319,8 +308,8 @@ async fn the_store_applies_policies_by_topic_pattern_and_reports_throttled_jobs(
     let ops: Vec<Op> = (0..10)
         .flat_map(|i| {
             [
-                put("bulk.mail", &format!("b{i}"), Due::NOW),
-                put("mail", &format!("m{i}"), Due::NOW),
+                common::put_op("bulk.mail", &format!("b{i}"), Due::NOW),
+                common::put_op("mail", &format!("m{i}"), Due::NOW),
             ]
         })
         .collect();
@@ -406,7 +395,7 @@ async fn three_bridges_share_one_limit_beside_an_unlimited_topic_through_a_chang
     for chunk in (0..backlog).collect::<Vec<_>>().chunks(1000) {
         let ops: Vec<Op> = chunk
             .iter()
-            .map(|i| put("bulk", &format!("b{i}"), Due::NOW))
+            .map(|i| common::put_op("bulk", &format!("b{i}"), Due::NOW))
             .collect();
         store.apply(&ops).await.expect("load the backlog");
     }
@@ -424,7 +413,7 @@ async fn three_bridges_share_one_limit_beside_an_unlimited_topic_through_a_chang
         while !stop.is_cancelled() {
             tick.tick().await;
             let ops: Vec<Op> = (n..n + 5)
-                .map(|i| put("live", &format!("l{i}"), Due::Delay(200)))
+                .map(|i| common::put_op("live", &format!("l{i}"), Due::Delay(200)))
                 .collect();
             n += 5;
             producer_store.apply(&ops).await.expect("put live jobs");
@@ -638,7 +627,7 @@ async fn the_rest_api_sets_shows_and_removes_a_live_limit_and_refuses_bad_ones()
     let _shared = common::timed::shared().await;
     let test = common::test_store().await;
     let ops: Vec<Op> = (0..30)
-        .map(|i| put("mail", &format!("m{i}"), Due::NOW))
+        .map(|i| common::put_op("mail", &format!("m{i}"), Due::NOW))
         .collect();
     test.apply(&ops).await.unwrap();
     let (base, shutdown) = http_server(&test.prefix).await;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use common::bridge::*;
 use common::faults::PrivateRedis;
 use lapin::types::AMQPValue;
-use redisched::job::{Due, JobId, PutMode, Topic};
-use redisched::store::{ConnectOptions, Op, PutRequest, Store};
+use redisched::job::Due;
+use redisched::store::{ConnectOptions, Op, Store};
 use redisched_testkit::percentile;
 
 /// Calls of one command so far on a private server (INFO commandstats), so the counts
@@ -41,17 +41,6 @@ async fn store_at(url: &str, prefix: &str) -> Store {
         .expect("connect")
 }
 
-fn put(topic: &str, id: &str, due: Due) -> Op {
-    Op::Put(PutRequest {
-        topic: Topic::new(topic).unwrap(),
-        id: JobId::new(id).unwrap(),
-        body: b"x".to_vec(),
-        meta: Vec::new(),
-        due,
-        mode: PutMode::Keep,
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_live_topics_cost_a_bounded_number_of_calls_per_tick() {
     let _shared = common::timed::shared().await;
@@ -66,7 +55,7 @@ async fn ten_thousand_live_topics_cost_a_bounded_number_of_calls_per_tick() {
     for chunk in (0..topics).collect::<Vec<_>>().chunks(1000) {
         let ops: Vec<Op> = chunk
             .iter()
-            .map(|i| put(&format!("idle.{i}"), "j", Due::Delay(3_600_000)))
+            .map(|i| common::put_op(&format!("idle.{i}"), "j", Due::Delay(3_600_000)))
             .collect();
         store.apply(&ops).await.expect("load idle topics");
     }
@@ -97,7 +86,7 @@ async fn ten_thousand_live_topics_cost_a_bounded_number_of_calls_per_tick() {
     let n = 2_000;
     let ops: Vec<Op> = (0..n)
         .map(|i| {
-            put(
+            common::put_op(
                 &format!("idle.{}", i * 5),
                 &format!("due-{i}"),
                 Due::Delay(1_000 + (i as i64 % 2_000)),
@@ -140,12 +129,12 @@ async fn a_hot_topic_does_not_starve_the_others() {
     for chunk in (0..hot).collect::<Vec<_>>().chunks(1000) {
         let ops: Vec<Op> = chunk
             .iter()
-            .map(|i| put("hot", &format!("hot-{i}"), Due::NOW))
+            .map(|i| common::put_op("hot", &format!("hot-{i}"), Due::NOW))
             .collect();
         store.apply(&ops).await.expect("hot backlog");
     }
     let cold: Vec<Op> = (0..20)
-        .map(|i| put(&format!("cold.{i}"), "c", Due::NOW))
+        .map(|i| common::put_op(&format!("cold.{i}"), "c", Due::NOW))
         .collect();
     store.apply(&cold).await.expect("cold jobs");
 
@@ -215,7 +204,7 @@ async fn three_bridges_share_the_work_and_survive_losing_one() {
     for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
         let ops: Vec<Op> = chunk
             .iter()
-            .map(|i| put(&format!("three.{}", i % 10), &format!("job-{i}"), Due::NOW))
+            .map(|i| common::put_op(&format!("three.{}", i % 10), &format!("job-{i}"), Due::NOW))
             .collect();
         store.apply(&ops).await.expect("load");
     }

@@ -124,6 +124,19 @@ impl Drop for TestStore {
 }
 
 /// A plain synchronous Redis connection for inspecting raw keys in tests.
+/// A put of `id` on `topic` (body `x`, an existing job kept), as a command to apply.
+pub fn put_op(topic: &str, id: &str, due: redisched::job::Due) -> redisched::store::Op {
+    use redisched::job::{JobId, PutMode, Topic};
+    redisched::store::Op::Put(redisched::store::PutRequest {
+        topic: Topic::new(topic).unwrap(),
+        id: JobId::new(id).unwrap(),
+        body: b"x".to_vec(),
+        meta: Vec::new(),
+        due,
+        mode: PutMode::Keep,
+    })
+}
+
 pub fn raw_redis() -> redis::Connection {
     redis::Client::open(redis_url())
         .and_then(|c| c.get_connection())
