@@ -9,6 +9,7 @@
 mod common;
 
 mod bridge_faults;
+mod partition_restart;
 mod rabbit_cluster;
 mod soak;
 mod tls;
