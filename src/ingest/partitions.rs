@@ -102,6 +102,15 @@ impl Ingest {
         // (rendezvous hashing: each partition to the member whose hash with it is
         // highest, so a bridge joining or leaving moves only its own share). Until the
         // first announcement this bridge counts as owning every partition.
+        // Said at every session: a new session often follows a broker restart, the one
+        // event that breaks this topology's order (README, "Partitioned commands").
+        tracing::warn!(
+            partitions,
+            "command partitions are not for production: a RabbitMQ node restart rebuilds the \
+             consistent-hash ring in another order and moves job ids to other partitions, so \
+             two commands of one id queued across it may apply in either order; keep \
+             amqp.command_partitions = 1 where a broker restart with commands queued is possible"
+        );
         let member = member_name();
         let (owned_tx, owned) = tokio::sync::watch::channel(vec![true; usize::from(partitions)]);
         let lanes: Vec<Lane> = (0..partitions)
