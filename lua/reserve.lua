@@ -301,8 +301,10 @@ if #ids > 0 then
   local first = redis.call('INCRBY', seq, #ids) - #ids
   local deadline = fmt(now + ttr)
   local records, index = {}, {}
+  -- One HMGET for the batch: a call per job cost more than the command itself.
+  local recs = redis.call('HMGET', jobs, unpack(ids))
   for i, id in ipairs(ids) do
-    local j = parse(redis.call('HGET', jobs, id))
+    local j = parse(recs[i])
     if j then
       j.attempts = j.attempts + 1
       j.token = fmt(first + i)

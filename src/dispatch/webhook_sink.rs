@@ -4,7 +4,7 @@
 //! dead target holds only its own slots, never the AMQP confirm window or another
 //! target's.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use hyper::body::Bytes;
@@ -16,6 +16,7 @@ use super::sink::Route;
 use crate::amqp::decode_meta;
 use crate::config::Config;
 use crate::job::Topic;
+use crate::metrics::TargetMeter;
 use crate::store::ReservedJob;
 use crate::webhook::{Client, Outgoing};
 
@@ -24,6 +25,8 @@ struct Target {
     /// Shared with each request's task: built once, at setup.
     client: Arc<Client>,
     slots: Arc<Semaphore>,
+    /// Its metrics, taken from the registry at its first request.
+    meter: OnceLock<Arc<TargetMeter>>,
 }
 
 /// Every configured target, shared by the dispatch sessions of one bridge.
@@ -95,6 +98,7 @@ impl WebhookSinks {
                 Ok(Target {
                     slots: Arc::new(Semaphore::new(t.max_in_flight)),
                     client: Arc::new(Client::new(t.clone())?),
+                    meter: OnceLock::new(),
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -142,8 +146,13 @@ impl WebhookSinks {
         let Ok(slot) = target.slots.clone().try_acquire_owned() else {
             return Err(job);
         };
+        let meter = target
+            .meter
+            .get_or_init(|| settler.metrics.webhooks.meter(&target.client.target.name))
+            .clone();
         let delivery = Delivery {
             client: target.client.clone(),
+            meter,
             job,
             ticket,
             settler: settler.clone(),
@@ -166,6 +175,7 @@ impl WebhookSinks {
 
 struct Delivery {
     client: Arc<Client>,
+    meter: Arc<TargetMeter>,
     job: ReservedJob,
     /// Its lease names the job's topic.
     ticket: Ticket,
@@ -178,7 +188,7 @@ impl Delivery {
     async fn run(mut self, slot: OwnedSemaphorePermit) {
         let client = self.client.clone();
         let name = client.target.name.as_str();
-        let webhooks = &self.settler.metrics.webhooks;
+        let meter = self.meter.clone();
         let topic = &self.ticket.lease.topic;
         let props = decode_meta(&self.job.meta).unwrap_or_else(|err| {
             tracing::warn!(topic = %topic, id = %self.job.id, %err, "job metadata unreadable; delivering without it");
@@ -195,12 +205,13 @@ impl Delivery {
             body: &body,
             props: &props,
         };
-        webhooks.started(name);
+        meter.started();
         let (result, took) = client.post(&outgoing).await;
         let seconds = took.as_secs_f64();
         match result {
             Ok(delivered) => {
-                webhooks.finished(name, "2xx", delivered.status.to_string(), None, seconds);
+                let mut status = itoa::Buffer::new();
+                meter.finished("2xx", status.format(delivered.status), None, seconds);
                 let mut ticket = self.ticket;
                 ticket.note = format!("HTTP {}", delivered.status);
                 // The slot goes with the job: freed once it is released.
@@ -213,13 +224,7 @@ impl Delivery {
                 let status = failure
                     .status
                     .map_or_else(|| failure.code.to_owned(), |s| s.to_string());
-                webhooks.finished(
-                    name,
-                    failure.code,
-                    status,
-                    Some(failure.reason.clone()),
-                    seconds,
-                );
+                meter.finished(failure.code, &status, Some(failure.reason.clone()), seconds);
                 tracing::debug!(target = %name, topic = %topic, id = %self.job.id, reason = %failure.reason, "webhook delivery failed; retried");
                 let cap = Duration::from_millis(self.settler.config.dispatch.retry_max_ms);
                 // `Retry-After` says "not before": never earlier than the backoff either.

@@ -25,7 +25,7 @@ mod webhook;
 
 pub use format::Format;
 pub use topics::TopicSnapshot;
-pub use webhook::{TargetLabels, TargetStatus, WebhookLabels, WebhookMetrics};
+pub use webhook::{TargetLabels, TargetMeter, TargetStatus, WebhookLabels, WebhookMetrics};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CommandLabels {
