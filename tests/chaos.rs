@@ -28,11 +28,9 @@
 //!   SIGTERM exits 0, no bridge exits on its own, no command is answered `invalid`, and
 //!   no 30 s pass without a reply (else the after-a-delete check would be blind then).
 //!
-//! `cargo test` (and so CI) runs 60 s on the fixed seed with one commands queue; the
-//! same run with `amqp.command_partitions = 4` (the private node then enables the
-//! consistent-hash exchange plugin) is `--ignored` until partitioned ingest keeps the
-//! promise under faults (a broker restart moves ids between partitions), and so is the
-//! partitioned run without broker restarts; README, *Guarantees*, has the figures.
+//! `cargo test` (and so CI) runs 60 s on the fixed seed with one commands queue, then
+//! the same with `amqp.command_partitions = 4`; the partitioned run without broker
+//! restarts is `--ignored`. README, *Guarantees*, has the figures of longer runs.
 //! The seed is `CHAOS_SEED` (`random` for a random one), else [`DEFAULT_SEED`], printed
 //! first and after any failure with the command that reruns it. The seed
 //! fixes the fault schedule (kinds, times, durations, which bridge and link) and the producers' choices. What it cannot fix is timing (thread
@@ -114,10 +112,11 @@ impl Run {
     }
 
     fn rerun(&self) -> String {
-        // The partitioned runs are `--ignored`: without the flag the filter runs nothing.
+        // The run without broker restarts is `--ignored`: without the flag the filter
+        // runs nothing.
         let test = match (self.partitions > 1, self.broker_restarts) {
             (false, _) => "seeded_chaos_keeps -- --nocapture",
-            (true, true) => "seeded_chaos_with_partitions -- --ignored --nocapture",
+            (true, true) => "seeded_chaos_with_partitions -- --nocapture",
             (true, false) => "partitioned_chaos_without_broker_restarts -- --ignored --nocapture",
         };
         format!(
@@ -1160,23 +1159,19 @@ async fn seeded_chaos_keeps_the_promise() {
     chaos(Run::from_env(1, true)).await;
 }
 
-/// The same run with commands spread over four partitions (consistent-hash exchange,
-/// four single-active-consumer queues shared out among the three bridges): a fault
-/// moves partitions between bridges, and each job's commands must still apply in order.
-/// Not in the default run: it does not keep the promise (README, *Guarantees*): a broker
-/// restart rebuilds the exchange's ring in another order and moves ids to other
-/// partitions (`tests/faults/partition_restart.rs`), so a job's commands queued before
-/// it and published after it apply in either order.
+/// The same run with commands spread over four partitions (the router, four
+/// single-active-consumer queues shared out among the three bridges): a fault moves the
+/// router and the partitions between bridges, a broker restart finds commands queued in
+/// the route queue and the partitions, and each job's commands must still apply in
+/// order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a broker restart moves job ids between command partitions (README, Guarantees); run with --ignored"]
 async fn seeded_chaos_with_partitions_keeps_the_promise() {
     let _turn = ONE_RUN_AT_A_TIME.lock().await;
     chaos(Run::from_env(4, true)).await;
 }
 
-/// The partitioned run with every fault but the broker restart: what partitioned ingest
-/// itself must keep (hand-overs, fencing, kills, cuts and stalls), apart from the
-/// broker's ring. `--ignored` like the run above, to be run beside it.
+/// The partitioned run with every fault but the broker restart (hand-overs, fencing,
+/// kills, cuts and stalls alone), for telling a restart's effect from the others'.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "three private services and bridges for minutes; run with --ignored"]
 async fn partitioned_chaos_without_broker_restarts_keeps_the_promise() {
@@ -1213,11 +1208,7 @@ async fn chaos(run: Run) {
     let redis = tokio::task::spawn_blocking(PrivateRedis::start)
         .await
         .expect("start the private redis-server");
-    let plugins: &[&str] = match run.partitions {
-        1 => &[],
-        _ => &["rabbitmq_consistent_hash_exchange"],
-    };
-    let rabbit = tokio::task::spawn_blocking(move || PrivateRabbit::start_with_plugins(plugins))
+    let rabbit = tokio::task::spawn_blocking(PrivateRabbit::start)
         .await
         .expect("start the private RabbitMQ node")
         .unwrap_or_else(|e| panic!("private RabbitMQ node: {e}"));

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use lapin::options::{
-    BasicQosOptions, ConfirmSelectOptions, ExchangeBindOptions, ExchangeDeclareOptions,
+    BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
     ExchangeUnbindOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
@@ -230,10 +230,10 @@ async fn connect_one(config: &AmqpConfig, url: &str, name: &str) -> Result<Conne
 /// Declares exchanges, queues and bindings (idempotent). Queue arguments must match an
 /// existing queue's, or the broker refuses with PRECONDITION_FAILED, which we report.
 ///
-/// With `amqp.command_partitions` = N > 1 the commands exchange is bound (`#`) to the
-/// consistent-hash exchange [`hash_exchange`], which hashes `message_id` onto the N
-/// queues [`partition_queue`] `0..N` (each bound with weight 1, in order) instead of
-/// the one commands queue; everything else is as with one queue.
+/// With `amqp.command_partitions` = N > 1 the commands exchange feeds the route queue
+/// [`route_queue`] instead of the one commands queue, and the router forwards each
+/// command to one of the N queues [`partition_queue`] (see [`declare_partitions`]);
+/// everything else is as with one queue.
 pub async fn declare_topology(channel: &Channel, config: &AmqpConfig) -> lapin::Result<()> {
     let durable = ExchangeDeclareOptions {
         durable: true,
@@ -307,9 +307,14 @@ pub async fn declare_topology(channel: &Channel, config: &AmqpConfig) -> lapin::
     Ok(())
 }
 
-/// The partitioned commands' part of the topology: the consistent-hash exchange behind
-/// the commands exchange (hashing `message_id`), and the partition queues to declare on
-/// it, each with the commands queue's arguments and weight 1.
+/// The partitioned commands' part of the topology: the route queue on the commands
+/// exchange (`#`, the commands queue's arguments: single active consumer, so one
+/// bridge forwards at a time), and per partition `k` a fanout exchange
+/// [`partition_exchange`] bound to the queue [`partition_queue`]. The router forwards
+/// each command to its partition's exchange with the command's own routing key (its
+/// topic). The consistent-hash exchange of the release before is deleted: it kept
+/// its ring in memory and rebuilt it in another order at a broker restart, moving ids
+/// between partitions (README, *Partitioned commands*).
 async fn declare_partitions(
     channel: &Channel,
     config: &AmqpConfig,
@@ -319,41 +324,37 @@ async fn declare_partitions(
         durable: true,
         ..ExchangeDeclareOptions::default()
     };
-    let hash = hash_exchange(config);
-    let mut args = FieldTable::default();
-    args.insert("hash-property".into(), text("message_id"));
-    let declared = channel
-        .exchange_declare(
-            hash.as_str().into(),
-            ExchangeKind::Custom(HASH_EXCHANGE_TYPE.into()),
-            durable,
-            args,
-        )
-        .await;
-    if let Err(err) = declared {
-        tracing::error!(error = %err, exchange = %hash, partitions = config.command_partitions,
-            "amqp.command_partitions > 1 needs RabbitMQ's consistent-hash exchange: enable its bundled plugin with `rabbitmq-plugins enable rabbitmq_consistent_hash_exchange` (or set amqp.command_partitions = 1)");
-        return Err(err);
-    }
+    // Idempotent on RabbitMQ: deleting an exchange that does not exist succeeds.
     channel
-        .exchange_bind(
-            hash.as_str().into(),
-            config.commands_exchange.as_str().into(),
-            "#".into(),
-            ExchangeBindOptions::default(),
-            FieldTable::default(),
+        .exchange_delete(
+            hash_exchange(config).as_str().into(),
+            ExchangeDeleteOptions::default(),
         )
         .await?;
-    Ok((0..config.command_partitions)
-        .map(|k| {
-            (
-                partition_queue(config, k),
-                hash.clone(),
-                commands_args.clone(),
-                "1".to_string(),
+    let mut queues = vec![(
+        route_queue(config),
+        config.commands_exchange.clone(),
+        commands_args.clone(),
+        "#".to_string(),
+    )];
+    for k in 0..config.command_partitions {
+        let exchange = partition_exchange(config, k);
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Fanout,
+                durable,
+                FieldTable::default(),
             )
-        })
-        .collect())
+            .await?;
+        queues.push((
+            partition_queue(config, k),
+            exchange,
+            commands_args.clone(),
+            String::new(),
+        ));
+    }
+    Ok(queues)
 }
 
 /// The arguments of the commands queue, and of each command partition's queue.
@@ -385,12 +386,34 @@ pub fn commands_queue_args(config: &AmqpConfig) -> FieldTable {
     args
 }
 
-/// The exchange type of RabbitMQ's bundled `rabbitmq_consistent_hash_exchange` plugin.
-pub const HASH_EXCHANGE_TYPE: &str = "x-consistent-hash";
-
-/// The consistent-hash exchange between the commands exchange and the partitions.
+/// The consistent-hash exchange the release before put between the commands exchange
+/// and the partitions; deleted when the partitioned topology is declared.
 pub fn hash_exchange(config: &AmqpConfig) -> String {
     format!("{}.hash", config.commands_exchange)
+}
+
+/// The queue the commands exchange feeds when commands are partitioned, consumed by
+/// the router: `<commands_queue>.route`.
+pub fn route_queue(config: &AmqpConfig) -> String {
+    format!("{}.route", config.commands_queue)
+}
+
+/// The fanout exchange in front of command partition `k`: `<commands_exchange>.<k>`.
+pub fn partition_exchange(config: &AmqpConfig, k: u16) -> String {
+    format!("{}.{k}", config.commands_exchange)
+}
+
+/// The command partition of job `id` among `partitions`: FNV-1a (64-bit) of the id's
+/// bytes, modulo the count. redisched's own function of the id and the count alone, so
+/// it is the same on every bridge, every build and across broker restarts.
+pub fn partition_of(id: &[u8], partitions: u16) -> u16 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in id {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    let k = hash % u64::from(partitions.max(1));
+    u16::try_from(k).unwrap_or(0)
 }
 
 /// The queue of command partition `k`: `<commands_queue>.<k>`.
@@ -442,36 +465,44 @@ pub async fn existing_partitions(
     Ok(k)
 }
 
-/// Stops new commands from reaching `old` (the one commands queue when partitioned, or
-/// the consistent-hash exchange when not), on a channel of its own.
-pub async fn unbind_commands(
+/// Stops new commands from reaching `queue` (a previous topology's: the one commands
+/// queue, or the route queue), on a channel of its own.
+pub async fn unbind_commands_queue(
     connection: &Connection,
     config: &AmqpConfig,
-    partitioned_before: bool,
+    queue: &str,
 ) -> lapin::Result<()> {
     let channel = connection.create_channel().await?;
-    if partitioned_before {
-        channel
-            .exchange_unbind(
-                hash_exchange(config).as_str().into(),
-                config.commands_exchange.as_str().into(),
-                "#".into(),
-                ExchangeUnbindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .or_else(|err| if is_not_found(&err) { Ok(()) } else { Err(err) })?;
-    } else {
-        channel
-            .queue_unbind(
-                config.commands_queue.as_str().into(),
-                config.commands_exchange.as_str().into(),
-                "#".into(),
-                FieldTable::default(),
-            )
-            .await
-            .or_else(|err| if is_not_found(&err) { Ok(()) } else { Err(err) })?;
-    }
+    channel
+        .queue_unbind(
+            queue.into(),
+            config.commands_exchange.as_str().into(),
+            "#".into(),
+            FieldTable::default(),
+        )
+        .await
+        .or_else(|err| if is_not_found(&err) { Ok(()) } else { Err(err) })?;
+    close_quietly("unbind channel", channel.close(200, "unbound".into())).await;
+    Ok(())
+}
+
+/// Stops new commands from reaching the partitions through the release before's
+/// consistent-hash exchange, on a channel of its own.
+pub async fn unbind_hash_exchange(
+    connection: &Connection,
+    config: &AmqpConfig,
+) -> lapin::Result<()> {
+    let channel = connection.create_channel().await?;
+    channel
+        .exchange_unbind(
+            hash_exchange(config).as_str().into(),
+            config.commands_exchange.as_str().into(),
+            "#".into(),
+            ExchangeUnbindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .or_else(|err| if is_not_found(&err) { Ok(()) } else { Err(err) })?;
     close_quietly("unbind channel", channel.close(200, "unbound".into())).await;
     Ok(())
 }

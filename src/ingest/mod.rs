@@ -32,6 +32,7 @@ mod decode;
 mod job_url;
 mod partitions;
 mod reply;
+mod route;
 mod session;
 
 use std::sync::Arc;
@@ -47,6 +48,7 @@ use crate::metrics::Metrics;
 use crate::store::{DueHints, Store, StoreError};
 pub use decode::{decode_parts, Decoded, Invalid, Rules};
 use partitions::Lane;
+pub use route::{route_commands, Routed};
 
 #[derive(Debug)]
 pub struct Ingest {
@@ -60,6 +62,9 @@ pub struct Ingest {
     pub warnings: Arc<LogThrottle>,
     /// Whether a message the client library cannot parse is being isolated.
     pub isolation: Isolation,
+    /// The same for the router of partitioned commands: such a message stops at the
+    /// router (what it forwards, the lanes can parse).
+    pub routing: Isolation,
 }
 
 /// A message lapin cannot parse (a `message_id` that is not UTF-8, say) ends the AMQP
@@ -94,9 +99,11 @@ impl Ingest {
     ) -> Result<(), AmqpError> {
         let partitions = self.config.amqp.command_partitions;
         let previous = self.previous_topology(connection).await?;
-        if !previous.is_empty() {
+        // Stage by stage: a routed topology's partitions hold older commands than
+        // its route queue, so they are drained first.
+        for stage in &previous {
             futures_util::future::try_join_all(
-                previous
+                stage
                     .iter()
                     .map(|lane| self.drain(connection, &shutdown, lane)),
             )
@@ -144,11 +151,11 @@ impl Ingest {
                 Ok(true) => {
                     let ended = self.isolation.ended.swap(0, Relaxed);
                     self.isolation.careful.store(false, Relaxed);
-                    tracing::info!(queue = %self.config.amqp.commands_queue, sessions_ended = ended, prefetch = self.config.ingest.prefetch, "the unparseable message is no longer at the head of the commands queue; consuming at the normal prefetch again");
+                    tracing::info!(queue = %lane.queue, sessions_ended = ended, prefetch = self.config.ingest.prefetch, "the unparseable message is no longer at the head of the commands queue; consuming at the normal prefetch again");
                 }
                 Ok(false) => return Ok(()),
                 Err(err) if err.is_unparseable() => {
-                    self.isolate(&err);
+                    self.isolate(&self.isolation, &lane.queue, &err);
                     return Err(err);
                 }
                 Err(err) => return Err(err),
@@ -159,20 +166,20 @@ impl Ingest {
     /// After a session ended on a message the client library cannot parse: the next
     /// sessions consume one command at a time (see [`Isolation`]). Logged once per
     /// isolation, in the operator's terms.
-    fn isolate(&self, err: &AmqpError) {
+    fn isolate(&self, isolation: &Isolation, queue: &str, err: &AmqpError) {
         use std::sync::atomic::Ordering::Relaxed;
         let cfg = &self.config.amqp;
-        let ended = self.isolation.ended.fetch_add(1, Relaxed) + 1;
-        if self.isolation.careful.swap(true, Relaxed) {
-            tracing::debug!(queue = %cfg.commands_queue, sessions_ended = ended, error = %err, "the unparseable message ended another session");
+        let ended = isolation.ended.fetch_add(1, Relaxed) + 1;
+        if isolation.careful.swap(true, Relaxed) {
+            tracing::debug!(queue, sessions_ended = ended, error = %err, "the unparseable message ended another session");
             return;
         }
         if cfg.quorum_queues && cfg.delivery_limit > 0 {
-            tracing::warn!(queue = %cfg.commands_queue, error = %err, delivery_limit = cfg.delivery_limit, invalid_exchange = %cfg.invalid_exchange,
-                "the commands queue holds a message the AMQP client cannot parse (it ended the connection); isolating it: consuming one command at a time, so the commands behind it are applied, until the broker dead-letters it to the invalid exchange after amqp.delivery_limit deliveries");
+            tracing::warn!(queue, error = %err, delivery_limit = cfg.delivery_limit, invalid_exchange = %cfg.invalid_exchange,
+                "a commands queue holds a message the AMQP client cannot parse (it ended the connection); isolating it: consuming one command at a time, so the commands behind it are applied, until the broker dead-letters it to the invalid exchange after amqp.delivery_limit deliveries");
         } else {
-            tracing::error!(queue = %cfg.commands_queue, error = %err,
-                "the commands queue holds a message the AMQP client cannot parse (it ended the connection); this queue has no delivery limit (amqp.quorum_queues = false or amqp.delivery_limit = 0), so the broker redelivers it forever and the commands behind it wait: remove it from the queue by hand (e.g. with the management UI); consuming one command at a time meanwhile");
+            tracing::error!(queue, error = %err,
+                "a commands queue holds a message the AMQP client cannot parse (it ended the connection); this queue has no delivery limit (amqp.quorum_queues = false or amqp.delivery_limit = 0), so the broker redelivers it forever and the commands behind it wait: remove it from the queue by hand (e.g. with the management UI); consuming one command at a time meanwhile");
         }
     }
 }

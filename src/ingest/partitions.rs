@@ -1,15 +1,17 @@
-//! Partitioned commands (`amqp.command_partitions` > 1): one lane per partition, the
-//! partitions shared out among the bridges announced in the store, and the drain of a
-//! previous topology's queues before a changed count is consumed (README, *Order*).
+//! Partitioned commands (`amqp.command_partitions` > 1): the router (`route.rs`), one
+//! lane per partition, the partitions shared out among the bridges announced in the
+//! store, and the drain of a previous topology's queues before a changed count is
+//! consumed (README, *Order*).
 
 use std::time::Duration;
 
 use lapin::Connection;
 use tokio_util::sync::CancellationToken;
 
+use super::route::{route_commands, Routed};
 use super::{store_error, Ingest};
 use crate::amqp::{self, AmqpError};
-use crate::store::Store;
+use crate::store::{RecordedPartitions, Store};
 
 /// A lane draining a previous topology's queue ends after this long with nothing
 /// arriving and nothing in hand; between looks, the drain waits [`DRAIN_POLL`].
@@ -102,15 +104,6 @@ impl Ingest {
         // (rendezvous hashing: each partition to the member whose hash with it is
         // highest, so a bridge joining or leaving moves only its own share). Until the
         // first announcement this bridge counts as owning every partition.
-        // Said at every session: a new session often follows a broker restart, the one
-        // event that breaks this topology's order (README, "Partitioned commands").
-        tracing::warn!(
-            partitions,
-            "command partitions are not for production: a RabbitMQ node restart rebuilds the \
-             consistent-hash ring in another order and moves job ids to other partitions, so \
-             two commands of one id queued across it may apply in either order; keep \
-             amqp.command_partitions = 1 where a broker restart with commands queued is possible"
-        );
         let member = member_name();
         let (owned_tx, owned) = tokio::sync::watch::channel(vec![true; usize::from(partitions)]);
         let lanes: Vec<Lane> = (0..partitions)
@@ -122,10 +115,13 @@ impl Ingest {
                 handed_over: Default::default(),
             })
             .collect();
-        let consuming = futures_util::future::try_join_all(
-            lanes
-                .iter()
-                .map(|lane| self.run_partition(connection, shutdown, lane)),
+        let consuming = futures_util::future::try_join(
+            futures_util::future::try_join_all(
+                lanes
+                    .iter()
+                    .map(|lane| self.run_partition(connection, shutdown, lane)),
+            ),
+            self.run_router(connection, shutdown),
         );
         let result = tokio::select! {
             result = consuming => result.map(|_| ()),
@@ -139,6 +135,42 @@ impl Ingest {
             Err(_) => tracing::debug!("withdrawing from the ingest members timed out"),
         }
         result
+    }
+
+    /// The router (`route.rs`) until shutdown or a broker error: one active in the
+    /// deployment at a time (the route queue has a single active consumer), the others
+    /// waiting behind it.
+    async fn run_router(
+        &self,
+        connection: &Connection,
+        shutdown: &CancellationToken,
+    ) -> Result<(), AmqpError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let cfg = &self.config.amqp;
+        loop {
+            let careful = self.routing.careful.load(Relaxed);
+            let routed = route_commands(
+                connection,
+                cfg,
+                self.config.ingest.prefetch,
+                careful,
+                shutdown,
+            )
+            .await;
+            match routed {
+                Ok(Routed::Shutdown) => return Ok(()),
+                Ok(Routed::Recovered) => {
+                    let ended = self.routing.ended.swap(0, Relaxed);
+                    self.routing.careful.store(false, Relaxed);
+                    tracing::info!(queue = %amqp::route_queue(cfg), sessions_ended = ended, "the unparseable message is no longer at the head of the route queue; routing at the normal window again");
+                }
+                Err(err) if err.is_unparseable() => {
+                    self.isolate(&self.routing, &amqp::route_queue(cfg), &err);
+                    return Err(err);
+                }
+                Err(err) => return Err(err),
+            }
+        }
     }
 
     /// Announces this bridge's ingest every [`MEMBER_REFRESH`] and publishes which
@@ -200,52 +232,61 @@ impl Ingest {
     }
 
     /// The queues of the previous topology, after unbinding them from the commands
-    /// exchange (so they receive no new command): the one commands queue when this
-    /// bridge is partitioned, the partitions when not. The store records the count
-    /// ingest last switched to (see [`Ingest::run`]), so a bridge whose count matches it
-    /// probes nothing. A count that changed between two values above 1 cannot keep a
-    /// job's order (both topologies use the same queue names): refused, go through 1.
+    /// exchange (so they receive no new command), in the stages they are drained in:
+    /// the one commands queue when this bridge is partitioned; the partitions, then the
+    /// route queue (whose commands are newer than any it forwarded) when not. The store
+    /// records the topology ingest last switched to (see [`Ingest::run`]), so a bridge
+    /// whose count matches it probes nothing. A count that changed between two values
+    /// above 1 cannot keep a job's order (both topologies use the same queue names):
+    /// refused, go through 1; so are the partitions of the release before (hashed by the
+    /// consistent-hash exchange, not by the router).
     pub(super) async fn previous_topology(
         &self,
         connection: &Connection,
-    ) -> Result<Vec<Lane>, AmqpError> {
+    ) -> Result<Vec<Vec<Lane>>, AmqpError> {
         let cfg = &self.config.amqp;
         let partitions = cfg.command_partitions;
         let recorded = self.store.command_partitions().await.map_err(store_error)?;
-        if recorded == partitions {
-            return Ok(Vec::new());
-        }
-        if partitions > 1 {
-            if recorded > 1 {
-                return Err(AmqpError::Topology(format!(
-                    "amqp.command_partitions = {partitions} but this deployment's commands are partitioned {recorded} ways: change the count through amqp.command_partitions = 1 (README, Order)"
-                )));
+        let lane = |queue: String, store: Store| Lane {
+            queue,
+            store,
+            drain: true,
+            share: None,
+            handed_over: Default::default(),
+        };
+        match recorded {
+            RecordedPartitions::One if partitions <= 1 => Ok(Vec::new()),
+            RecordedPartitions::Routed(n) if n == partitions => Ok(Vec::new()),
+            RecordedPartitions::One => {
+                if amqp::queue_state(connection, &cfg.commands_queue)
+                    .await?
+                    .is_none()
+                {
+                    return Ok(Vec::new());
+                }
+                amqp::unbind_commands_queue(connection, cfg, &cfg.commands_queue).await?;
+                Ok(vec![vec![lane(
+                    cfg.commands_queue.clone(),
+                    self.store.clone(),
+                )]])
             }
-            if amqp::queue_state(connection, &cfg.commands_queue)
-                .await?
-                .is_none()
-            {
-                return Ok(Vec::new());
+            _ if partitions > 1 => Err(AmqpError::Topology(refused(recorded, partitions))),
+            RecordedPartitions::Hashed(n) | RecordedPartitions::Routed(n) => {
+                let route = amqp::route_queue(cfg);
+                if matches!(recorded, RecordedPartitions::Hashed(_)) {
+                    amqp::unbind_hash_exchange(connection, cfg).await?;
+                } else {
+                    amqp::unbind_commands_queue(connection, cfg, &route).await?;
+                }
+                let mut stages = vec![(0..n)
+                    .map(|k| lane(amqp::partition_queue(cfg, k), self.store.for_partition(k)))
+                    .collect()];
+                if matches!(recorded, RecordedPartitions::Routed(_)) {
+                    stages.push(vec![lane(route, self.store.clone())]);
+                }
+                Ok(stages)
             }
-            amqp::unbind_commands(connection, cfg, false).await?;
-            return Ok(vec![Lane {
-                queue: cfg.commands_queue.clone(),
-                store: self.store.clone(),
-                drain: true,
-                share: None,
-                handed_over: Default::default(),
-            }]);
         }
-        amqp::unbind_commands(connection, cfg, true).await?;
-        Ok((0..recorded)
-            .map(|k| Lane {
-                queue: amqp::partition_queue(cfg, k),
-                store: self.store.for_partition(k),
-                drain: true,
-                share: None,
-                handed_over: Default::default(),
-            })
-            .collect())
     }
 
     /// Drains a queue of the previous topology: consumes it (a lane that ends once idle)
@@ -294,6 +335,19 @@ impl Ingest {
             }
         }
         Ok(())
+    }
+}
+
+/// Why a partitioned bridge refuses the recorded topology.
+fn refused(recorded: RecordedPartitions, partitions: u16) -> String {
+    match recorded {
+        RecordedPartitions::Hashed(n) => format!(
+            "amqp.command_partitions = {partitions} but this deployment's commands are partitioned {n} ways by the release before (through RabbitMQ's consistent-hash exchange, which moves ids at a broker restart): set amqp.command_partitions = 1 on every bridge first (they drain the old partitions), then {partitions} (README, Order)"
+        ),
+        _ => format!(
+            "amqp.command_partitions = {partitions} but this deployment's commands are partitioned {} ways: change the count through amqp.command_partitions = 1 (README, Order)",
+            recorded.count()
+        ),
     }
 }
 

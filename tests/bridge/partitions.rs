@@ -427,9 +427,16 @@ async fn switching_from_one_queue_to_partitions_drains_the_old_queue_first() {
     }
     jobs.publish(&broker, 200..400).await;
     // While the old bridge consumes the old queue, the new one waits: nothing of the
-    // partitions is consumed.
+    // route queue or the partitions is consumed.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let mut waiting = 0;
+    let route = redisched::amqp::route_queue(&single.amqp);
+    let (mut waiting, routers) = queue_state(&broker, &route).await.expect("route queue");
+    assert_eq!(
+        routers,
+        0,
+        "{route} consumed before the old queue was drained; the new bridge's log:\n{}",
+        new.log_text()
+    );
     for k in 0..PARTITIONS {
         let queue = redisched::amqp::partition_queue(&single.amqp, k);
         let (depth, consumers) = queue_state(&broker, &queue).await.expect("partition");
@@ -443,7 +450,7 @@ async fn switching_from_one_queue_to_partitions_drains_the_old_queue_first() {
     }
     assert!(
         waiting > 0,
-        "the commands published after the switch are not in the partitions"
+        "the commands published after the switch are not in the route queue or the partitions"
     );
     // The old bridge leaves while commands flow; the new one drains and switches.
     let publishing = jobs.publish(&broker, 400..500);
@@ -496,11 +503,48 @@ async fn switching_from_partitions_to_one_queue_drains_the_partitions_first() {
     broker.cleanup().await;
 }
 
-/// A producer that sets only `x-redisched-id` (no `message_id`): the plugin hashes the
-/// absent property like any other value, the same for every such message, so they all
-/// land in one partition, in publish order, and are applied there; none is lost.
+/// Forwards what the route queue holds with the bridge's own router, in this process
+/// and with no lane consuming, so a test can read where each command went.
+async fn route_everything(broker: &Broker, config: &Config) {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let route = redisched::amqp::route_queue(&config.amqp);
+    let router =
+        redisched::ingest::route_commands(&broker.connection, &config.amqp, 100, false, &shutdown);
+    let watch = async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while queue_state(broker, &route).await.map_or(1, |s| s.0) > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the router did not empty {route}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Every forward is acked by then or soon (a confirm, then SETTLE).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        shutdown.cancel();
+    };
+    let (routed, ()) = tokio::join!(router, watch);
+    assert_eq!(
+        routed.expect("router session"),
+        redisched::ingest::Routed::Shutdown
+    );
+}
+
+/// Depth of every partition queue.
+async fn partition_depths(broker: &Broker, config: &Config) -> Vec<u32> {
+    let mut depths = Vec::new();
+    for k in 0..config.amqp.command_partitions {
+        let queue = redisched::amqp::partition_queue(&config.amqp, k);
+        depths.push(queue_state(broker, &queue).await.expect("partition").0);
+    }
+    depths
+}
+
+/// A producer that sets only `x-redisched-id` (no `message_id`): the router partitions
+/// by that header like by `message_id`, so such commands spread over the partitions as
+/// well, each id's in publish order, and are applied in order; none is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn commands_without_message_id_land_in_one_partition_and_are_applied_in_order() {
+async fn commands_without_message_id_are_partitioned_by_their_id_header_and_applied_in_order() {
     let _shared = common::timed::shared().await;
     let config = config("partnoid", PARTITIONS);
     let broker = Broker::new(&config).await;
@@ -527,33 +571,23 @@ async fn commands_without_message_id_land_in_one_partition_and_are_applied_in_or
         };
         broker.command(topic, last, id.as_bytes()).await;
     }
-    // Before any bridge: all 40 commands wait in one and the same partition.
-    let mut depths = Vec::new();
-    for k in 0..PARTITIONS {
-        let queue = redisched::amqp::partition_queue(&config.amqp, k);
-        depths.push(queue_state(&broker, &queue).await.expect("partition").0);
+    // Before any bridge: all 40 commands wait in the route queue.
+    let route = redisched::amqp::route_queue(&config.amqp);
+    assert_eq!(queue_state(&broker, &route).await.map(|s| s.0), Some(40));
+    route_everything(&broker, &config).await;
+    let mut expected = vec![0u32; usize::from(PARTITIONS)];
+    for id in &ids {
+        expected[usize::from(redisched::amqp::partition_of(id.as_bytes(), PARTITIONS))] += 2;
     }
-    assert_eq!(depths.iter().sum::<u32>(), 40, "commands lost: {depths:?}");
+    let depths = partition_depths(&broker, &config).await;
     assert_eq!(
-        depths.iter().filter(|d| **d > 0).count(),
-        1,
-        "header-only commands spread over partitions: {depths:?}"
+        depths, expected,
+        "each id's two commands in the partition of its id"
     );
-    // A message_id producer's commands spread over the partitions as usual.
-    for i in 0..40 {
-        broker
-            .put(topic, &format!("with-id-{i}"), b"x", &[delay(3_600_000)])
-            .await;
-    }
-    let mut spread = 0;
-    for k in 0..PARTITIONS {
-        let queue = redisched::amqp::partition_queue(&config.amqp, k);
-        let depth = queue_state(&broker, &queue).await.expect("partition").0;
-        if depth > depths[usize::from(k)] {
-            spread += 1;
-        }
-    }
-    assert!(spread >= 4, "40 ids hashed onto only {spread} partitions");
+    assert!(
+        depths.iter().filter(|d| **d > 0).count() >= 4,
+        "20 ids routed onto fewer than 4 partitions: {depths:?}"
+    );
 
     let mut bridge = ChildBridge::start(&config);
     let mut got: HashMap<String, String> = HashMap::new();
@@ -585,5 +619,52 @@ async fn commands_without_message_id_land_in_one_partition_and_are_applied_in_or
     assert_eq!(got.len(), 10, "unexpected deliveries: {got:?}");
     assert!(invalid.drain(Duration::from_millis(200)).await.is_empty());
     bridge.terminate();
+    broker.cleanup().await;
+}
+
+/// A deployment partitioned by the release before (through the consistent-hash
+/// exchange, its record a bare count): a partitioned bridge of this release refuses it
+/// and says how to go on; a bridge with one queue drains the old partitions and
+/// switches, after which the partitioned bridge consumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_release_befores_hashed_partitions_are_refused_until_switched_through_one_queue() {
+    let _shared = common::timed::shared().await;
+    let partitioned = config("parthashed", PARTITIONS);
+    let mut single = partitioned.clone();
+    single.amqp.command_partitions = 1;
+    let broker = Broker::new(&single).await;
+    let record = format!("{}:command-partitions", partitioned.redis.prefix);
+    let mut redis = redis::Client::open(common::redis_url())
+        .and_then(|c| c.get_connection())
+        .expect("redis");
+    let () = redis::cmd("SET")
+        .arg(&record)
+        .arg(PARTITIONS)
+        .query(&mut redis)
+        .expect("SET the release before's record");
+
+    let mut refusing = Logged::start(&partitioned);
+    refusing
+        .await_log("by the release before", Duration::from_secs(60))
+        .await;
+    refusing.terminate();
+    let mut switching = Logged::start(&single);
+    switching.await_consuming(1, Duration::from_secs(60)).await;
+    let left: Option<String> = redis::cmd("GET")
+        .arg(&record)
+        .query(&mut redis)
+        .expect("GET");
+    assert_eq!(left, None, "the one-queue bridge did not switch the record");
+    switching.terminate();
+    let mut routed = Logged::start(&partitioned);
+    routed
+        .await_consuming(usize::from(PARTITIONS), Duration::from_secs(60))
+        .await;
+    let now: Option<String> = redis::cmd("GET")
+        .arg(&record)
+        .query(&mut redis)
+        .expect("GET");
+    assert_eq!(now.as_deref(), Some("routed:8"));
+    routed.terminate();
     broker.cleanup().await;
 }

@@ -287,20 +287,24 @@ impl Broker {
         queues.extend(
             (0..a.command_partitions.max(16)).map(|k| redisched::amqp::partition_queue(a, k)),
         );
+        queues.push(redisched::amqp::route_queue(a));
         for queue in &queues {
             let _ = self
                 .channel
                 .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                 .await;
         }
-        let hash = redisched::amqp::hash_exchange(a);
-        for exchange in [
-            &a.commands_exchange,
-            &a.invalid_exchange,
-            &a.expired_exchange,
-            &a.ready_exchange,
-            &hash,
-        ] {
+        let mut exchanges = vec![
+            a.commands_exchange.clone(),
+            a.invalid_exchange.clone(),
+            a.expired_exchange.clone(),
+            a.ready_exchange.clone(),
+            redisched::amqp::hash_exchange(a),
+        ];
+        exchanges.extend(
+            (0..a.command_partitions.max(16)).map(|k| redisched::amqp::partition_exchange(a, k)),
+        );
+        for exchange in &exchanges {
             let _ = self
                 .channel
                 .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())

@@ -7,6 +7,40 @@ use redis::Value;
 use crate::store::call::Call;
 use crate::store::{Store, StoreError};
 
+const ROUTED: &str = "routed:";
+
+/// The commands topology recorded in the store (`<prefix>:command-partitions`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordedPartitions {
+    /// No record: one commands queue.
+    One,
+    /// `<N>`: partitioned by the release before, through RabbitMQ's consistent-hash
+    /// exchange.
+    Hashed(u16),
+    /// `routed:<N>`: partitioned by the bridges' router.
+    Routed(u16),
+}
+
+impl RecordedPartitions {
+    fn parse(value: Option<&str>) -> Option<Self> {
+        let Some(value) = value else {
+            return Some(Self::One);
+        };
+        match value.strip_prefix(ROUTED) {
+            Some(n) => n.parse().ok().map(Self::Routed),
+            None => value.parse().ok().map(Self::Hashed),
+        }
+    }
+
+    /// The partition count, 1 for one commands queue.
+    pub fn count(self) -> u16 {
+        match self {
+            Self::One => 1,
+            Self::Hashed(n) | Self::Routed(n) => n,
+        }
+    }
+}
+
 impl Store {
     /// A new ingest epoch, greater than every one handed out before. With durability
     /// set, the increment waits for the replicas like any write
@@ -24,21 +58,29 @@ impl Store {
         redis::from_redis_value(value).map_err(|e| StoreError::bad_reply("redis", e.to_string()))
     }
 
-    /// The command partition count the deployment's ingest last switched to, 1 if it
-    /// never did (one commands queue): what tells a starting bridge that the broker holds
-    /// another topology's commands queues to drain before its own.
-    pub async fn command_partitions(&self) -> Result<u16, StoreError> {
+    /// The commands topology the deployment's ingest last switched to: what tells a
+    /// starting bridge that the broker holds another topology's queues to drain before
+    /// its own.
+    pub async fn command_partitions(&self) -> Result<RecordedPartitions, StoreError> {
         let mut get = redis::cmd("GET");
         get.arg(self.keys.command_partitions());
-        let value: Option<u16> = self.exec.query(&get).await?;
-        Ok(value.unwrap_or(1))
+        let value: Option<String> = self.exec.query(&get).await?;
+        RecordedPartitions::parse(value.as_deref()).ok_or_else(|| {
+            StoreError::bad_reply(
+                "redis",
+                format!("{value:?} is not a command partition record"),
+            )
+        })
     }
 
-    /// Records the partition count ingest switched to (1 deletes the record).
+    /// Records the partition count ingest switched to (1 deletes the record). Written
+    /// as `routed:<N>`, which a bridge of the release before cannot read: it refuses to
+    /// start ingest instead of binding its own topology beside this one.
     pub async fn set_command_partitions(&self, partitions: u16) -> Result<(), StoreError> {
         let call = if partitions > 1 {
             let mut set = redis::cmd("SET");
-            set.arg(self.keys.command_partitions()).arg(partitions);
+            set.arg(self.keys.command_partitions())
+                .arg(format!("{ROUTED}{partitions}"));
             set
         } else {
             let mut del = redis::cmd("DEL");

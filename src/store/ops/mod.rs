@@ -45,6 +45,7 @@ pub use delete_prefix::{PrefixStep, PREFIX_STEP};
 pub use due_histogram::{DueHistogram, MAX_HISTOGRAM_BUCKETS, MAX_HISTOGRAM_WINDOW_MS};
 pub use get::JobInfo;
 pub use history::{HistoryEntry, Outcome};
+pub use ingest::RecordedPartitions;
 pub use list::{JobSummary, ListWhich};
 pub use put::{PutOutcome, PutRequest, PutStatus};
 pub use rate_limit::{RateSource, RateState};
