@@ -153,7 +153,10 @@ async fn measure_round(
     config: &Config,
     node: &PrivateRedis,
 ) -> Result<Value> {
-    let conn = node.connect().await?;
+    let mut conn = node.connect().await?;
+    // DEBUG HTSTATS-KEY walks a whole table (24,000,000 buckets at full size): far
+    // longer than the client's default reply timeout of 500 ms.
+    conn.set_response_timeout(Duration::from_secs(60));
     let server = server_info(&conn).await?;
     let store = common::store(config).await?;
     let body = common::body(args.body_bytes);
@@ -448,7 +451,7 @@ async fn finish_rehash(
     zset: &str,
 ) -> Result<Option<u64>> {
     const CHUNK: u64 = 10_000;
-    const PER_CHECK: u64 = 200_000;
+    const PER_CHECK: u64 = 1_000_000;
     let mut lookups = 0u64;
     loop {
         match (rehashing(conn, hash).await, rehashing(conn, zset).await) {
