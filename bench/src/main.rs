@@ -10,6 +10,7 @@
 //! cargo run --release -p redisched-bench -- put-cost --private-redis   # put.lua vs bare script
 //! cargo run --release -p redisched-bench -- layout   # today's record layout vs bucketed
 //! cargo run --release -p redisched-bench -- instructions   # bridge instructions per command/job (callgrind)
+//! cargo run --release -p redisched-bench -- ten-million    # 10,000,000 waiting jobs, 3 rounds (~25 min)
 //! ```
 //!
 //! `store` and `dispatch` compare the outcome history on (cap 1000) and off
@@ -76,6 +77,10 @@ enum Command {
     /// Ingest with redis.wait_replicas 0 vs 1 on a primary with a replica: throughput,
     /// command latency, and the raw WAIT floor.
     Replication(replication::ReplicationArgs),
+    /// 10,000,000 waiting jobs on a private redis-server, `--runs` rounds: the put rate
+    /// per million while the store grows, bytes per job and fragmentation, a dispatch
+    /// tick's reserve, `GET /v1/topics`, and a 1,000,000-job catch-up beside them.
+    TenMillion(bridge::tenm::TenMillionArgs),
 }
 
 #[derive(Args, Clone)]
@@ -197,6 +202,7 @@ async fn main() -> ExitCode {
         Command::Layout(args) => layout_bench(args).await,
         Command::Bridge(command) => bridge::run(command, store_for_all).await,
         Command::Replication(args) => replication::run(args).await,
+        Command::TenMillion(args) => bridge::tenm::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

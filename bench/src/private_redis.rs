@@ -19,6 +19,12 @@ pub(crate) struct PrivateRedis {
 impl PrivateRedis {
     /// Starts `redis-server` (Debian package redis-server) and waits until it answers.
     pub(crate) async fn start() -> Result<Self> {
+        Self::start_with(&[]).await
+    }
+
+    /// As [`PrivateRedis::start`], with more server arguments (e.g.
+    /// `--enable-debug-command local`).
+    pub(crate) async fn start_with(extra: &[&str]) -> Result<Self> {
         let port = std::net::TcpListener::bind(("127.0.0.1", 0))
             .and_then(|listener| listener.local_addr())
             .context("finding a free port")?
@@ -27,6 +33,7 @@ impl PrivateRedis {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let child = redisched_testkit::redis_server(port, &dir)
             .args(["--appendonly", "no"])
+            .args(extra)
             .spawn()
             .context("starting redis-server (Debian package redis-server)")?;
         let node = Self { child, port, dir };

@@ -58,7 +58,16 @@ const CEILING_MESSAGES: u64 = 200_000;
 const REDIS_BYTES_PER_JOB_BEYOND_BODY: u64 = 300;
 
 pub(super) async fn run(env: &Env, params: &Params) -> Result<Value> {
-    let mut config = common::bench_config(env, "catchup");
+    run_in(env, params, common::bench_config(env, "catchup")).await
+}
+
+/// [`run`] under the names (key prefix, exchanges, queues) of `config`, so a caller can
+/// put other jobs beside the backlog first; everything under them is deleted at the end.
+pub(super) async fn run_in(
+    env: &Env,
+    params: &Params,
+    mut config: redisched::config::Config,
+) -> Result<Value> {
     config.dispatch.window = params.window;
     let name = config.redis.prefix.clone();
     let mut cleanup = Cleanup::for_config(&config);

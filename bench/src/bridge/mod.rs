@@ -34,6 +34,7 @@ mod peer;
 mod precision;
 mod report;
 mod table;
+pub(crate) mod tenm;
 pub(crate) mod webhook;
 
 use std::future::Future;
