@@ -261,19 +261,131 @@ fn steal_ns() -> u64 {
 /// A step's script may not run for more than this (ns): no script over 5 ms.
 const STEP_BOUND_NS: u64 = 5_000_000;
 
+/// Page faults and CPU split of a thread or process so far, from its `stat` file in
+/// `/proc`: minor and major faults, user and system time (clock ticks, 10 ms). A step that
+/// faults pages in pays for it as the main thread's system time, inside the call.
+#[derive(Clone, Copy, Default, Debug)]
+struct Faults {
+    minor: u64,
+    major: u64,
+    user_ticks: u64,
+    system_ticks: u64,
+}
+
+impl Faults {
+    fn read(path: &str) -> Self {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        // The fields after the command name (which may hold spaces) start at field 3.
+        let rest: Vec<u64> = text
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace()
+            .map(|f| f.parse().unwrap_or(0))
+            .collect();
+        let field = |n: usize| rest.get(n - 3).copied().unwrap_or(0);
+        Self {
+            minor: field(10),
+            major: field(12),
+            user_ticks: field(14),
+            system_ticks: field(15),
+        }
+    }
+
+    fn since(self, before: Self) -> Self {
+        Self {
+            minor: self.minor.saturating_sub(before.minor),
+            major: self.major.saturating_sub(before.major),
+            user_ticks: self.user_ticks.saturating_sub(before.user_ticks),
+            system_ticks: self.system_ticks.saturating_sub(before.system_ticks),
+        }
+    }
+}
+
+/// The machine-wide memory counters of `/proc/vmstat` read around each step: faults, huge
+/// pages allocated on a fault, compaction stalls and pages allocated, to see whether a
+/// slow step met memory work of the kernel's.
+const VMSTAT: [&str; 5] = [
+    "pgfault",
+    "pgmajfault",
+    "thp_fault_alloc",
+    "compact_stall",
+    "pgalloc_normal",
+];
+
+fn vmstat() -> [u64; VMSTAT.len()] {
+    let text = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
+    let mut values = [0; VMSTAT.len()];
+    for line in text.lines() {
+        let mut parts = line.split_whitespace();
+        if let (Some(name), Some(value)) = (parts.next(), parts.next()) {
+            if let Some(i) = VMSTAT.iter().position(|n| *n == name) {
+                values[i] = value.parse().unwrap_or(0);
+            }
+        }
+    }
+    values
+}
+
+/// What `/proc` says of the Redis process and the machine at one instant.
+#[derive(Clone, Copy)]
+struct ProcCounters {
+    cpu_ns: u64,
+    wait_ns: u64,
+    steal_ns: u64,
+    main_thread: Faults,
+    process: Faults,
+    vmstat: [u64; VMSTAT.len()],
+}
+
+impl ProcCounters {
+    fn read(pid: u32) -> Self {
+        let (cpu_ns, wait_ns) = redis_schedstat(pid);
+        Self {
+            cpu_ns,
+            wait_ns,
+            steal_ns: steal_ns(),
+            main_thread: Faults::read(&format!("/proc/{pid}/task/{pid}/stat")),
+            process: Faults::read(&format!("/proc/{pid}/stat")),
+            vmstat: vmstat(),
+        }
+    }
+}
+
 /// What one step cost Redis, measured two ways that each bound the script's own CPU from
 /// above: the main thread's CPU over the round trip (which also counts the event loop's
 /// other work in that window, e.g. its 100-ms cron) and the call's wall time inside Redis
-/// (which also counts the machine taking Redis off the CPU).
+/// (which also counts the machine taking Redis off the CPU). Beside them, the faults and
+/// memory counters of the same window, and the jobs left in the topic before the step.
 #[derive(Clone, Copy)]
 struct StepCost {
     thread_cpu_ns: u64,
     in_call_ns: u64,
     run_queue_wait_ns: u64,
     steal_ns: u64,
+    main_thread: Faults,
+    process_minor: u64,
+    vmstat: [u64; VMSTAT.len()],
+    jobs_left: u64,
 }
 
 impl StepCost {
+    fn new(before: &ProcCounters, after: &ProcCounters, in_call_us: u64, jobs_left: u64) -> Self {
+        let mut vmstat = after.vmstat;
+        for (v, b) in vmstat.iter_mut().zip(before.vmstat) {
+            *v = v.saturating_sub(b);
+        }
+        Self {
+            thread_cpu_ns: after.cpu_ns - before.cpu_ns,
+            in_call_ns: in_call_us * 1_000,
+            run_queue_wait_ns: after.wait_ns - before.wait_ns,
+            steal_ns: after.steal_ns - before.steal_ns,
+            main_thread: after.main_thread.since(before.main_thread),
+            process_minor: after.process.minor - before.process.minor,
+            vmstat,
+            jobs_left,
+        }
+    }
+
     /// The script's CPU is at most the smaller of the two.
     fn script_bound_ns(self) -> u64 {
         self.thread_cpu_ns.min(self.in_call_ns)
@@ -293,6 +405,73 @@ fn distribution(costs: &[StepCost], of: impl Fn(&StepCost) -> u64) -> String {
         us(percentile(&ns, 0.999)),
         us(ns.last().copied().unwrap_or(0)),
     )
+}
+
+/// The main thread's minor faults and system ticks per step, for the steps whose script
+/// bound is above `over_ns` (all steps with 0): "n steps: minor faults mean a (max b),
+/// c % with any; system ticks d per 1,000 steps".
+fn faults_of_steps(costs: &[StepCost], over_ns: u64) -> String {
+    let picked: Vec<&StepCost> = costs
+        .iter()
+        .filter(|c| c.script_bound_ns() > over_ns)
+        .collect();
+    let n = picked.len().max(1) as f64;
+    let minor: Vec<u64> = picked.iter().map(|c| c.main_thread.minor).collect();
+    let system: u64 = picked.iter().map(|c| c.main_thread.system_ticks).sum();
+    format!(
+        "{} steps: minor faults mean {:.2} (max {}), {:.1} % with any; system ticks {:.1} per 1,000 steps",
+        picked.len(),
+        minor.iter().sum::<u64>() as f64 / n,
+        minor.iter().max().copied().unwrap_or(0),
+        100.0 * minor.iter().filter(|m| **m > 0).count() as f64 / n,
+        1_000.0 * system as f64 / n,
+    )
+}
+
+/// Prints the measures of every step and the faults beside them, and one line for each
+/// step over the bound.
+fn report(jobs: u64, walks: &str, costs: &[StepCost]) {
+    let over = |of: fn(&StepCost) -> u64| costs.iter().filter(|c| of(c) > STEP_BOUND_NS).count();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "[delete_prefix] {jobs} jobs: {walks}; per step (us): script CPU bound {}; \
+         main-thread CPU {}; time inside the call {}; run-queue wait {}; steps with steal: \
+         {}; steps over 5 ms: bound {}, CPU {}, inside the call {}; load average {}",
+        distribution(costs, |c| c.script_bound_ns()),
+        distribution(costs, |c| c.thread_cpu_ns),
+        distribution(costs, |c| c.in_call_ns),
+        distribution(costs, |c| c.run_queue_wait_ns),
+        costs.iter().filter(|c| c.steal_ns > 0).count(),
+        over(|c| c.script_bound_ns()),
+        over(|c| c.thread_cpu_ns),
+        over(|c| c.in_call_ns),
+        load.trim()
+    );
+    println!(
+        "[delete_prefix] Redis main thread: all {}; over 1 ms {}; over 5 ms {}; major faults \
+         {} (process minor faults {})",
+        faults_of_steps(costs, 0),
+        faults_of_steps(costs, 1_000_000),
+        faults_of_steps(costs, STEP_BOUND_NS),
+        costs.iter().map(|c| c.main_thread.major).sum::<u64>(),
+        costs.iter().map(|c| c.process_minor).sum::<u64>(),
+    );
+    for (i, c) in costs.iter().enumerate() {
+        if c.script_bound_ns() > STEP_BOUND_NS {
+            println!(
+                "[delete_prefix] slow step {i} ({} jobs left): CPU {} us, in call {} us, \
+                 run-queue wait {} us, steal {} us; main thread {:?}; machine {:?} {:?}",
+                c.jobs_left,
+                c.thread_cpu_ns / 1_000,
+                c.in_call_ns / 1_000,
+                c.run_queue_wait_ns / 1_000,
+                c.steal_ns / 1_000,
+                c.main_thread,
+                VMSTAT,
+                c.vmstat
+            );
+        }
+    }
 }
 
 /// Bulk-loads `jobs` format-1 records straight into the topic's keys (put.lua would take
@@ -327,8 +506,10 @@ fn bulk_load(conn: &mut redis::Connection, jobs: u64) {
 /// ran over 5 ms of CPU, bounded from above by the smaller of the Redis main thread's CPU
 /// over the round trip (schedstat) and the call's time inside Redis (`INFO
 /// commandstats`), both read around each call on a private server. Printed beside it:
-/// each measure alone and the run-queue wait. `PREFIX_JOBS` sets the topic size (default
-/// 100,000).
+/// each measure alone, the run-queue wait, and the main thread's page faults and system
+/// time, so that a slow step shows whether memory work was in it (on a shared-core VM the
+/// slow ones had none: README, "Cancel by id prefix"). `PREFIX_JOBS` sets the topic size
+/// (default 100,000).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_step_is_bounded_on_a_large_topic() {
     let _alone = common::timed::alone().await;
@@ -362,27 +543,24 @@ async fn every_step_is_bounded_on_a_large_topic() {
     // Step by step, as Store::delete_prefix does, measuring each step.
     let mut costs: Vec<StepCost> = Vec::new();
     let pid = redis.pid();
+    let mut jobs_left = jobs;
     let mut walk = async |prefix: &'static str| {
         let (mut cursor, mut total, mut steps) = ("0".to_string(), 0, 0);
         let started = std::time::Instant::now();
         loop {
+            // INFO runs in Redis too: read before the window opens and after it closes.
             let in_calls = evalsha_usec(&mut conn);
-            let (cpu, wait) = redis_schedstat(pid);
-            let stolen = steal_ns();
+            let before = ProcCounters::read(pid);
             let step = store
                 .delete_prefix_step(&topic, &self::prefix(prefix), &cursor, PREFIX_STEP, None)
                 .await
                 .expect("step");
-            let stolen = steal_ns() - stolen;
-            let (cpu_after, wait_after) = redis_schedstat(pid);
-            costs.push(StepCost {
-                steal_ns: stolen,
-                thread_cpu_ns: cpu_after - cpu,
-                in_call_ns: (evalsha_usec(&mut conn) - in_calls) * 1_000,
-                run_queue_wait_ns: wait_after - wait,
-            });
+            let after = ProcCounters::read(pid);
+            let in_call_us = evalsha_usec(&mut conn) - in_calls;
+            costs.push(StepCost::new(&before, &after, in_call_us, jobs_left));
             assert!(step.deleted <= 20, "a step removed {}", step.deleted);
             total += step.deleted;
+            jobs_left -= step.deleted;
             steps += 1;
             if step.done {
                 return (total, steps, started.elapsed());
@@ -397,23 +575,13 @@ async fn every_step_is_bounded_on_a_large_topic() {
     assert_eq!(one_user + everyone, jobs, "every job went");
     assert!(all_steps >= everyone / 20, "at most 20 removals per step");
 
-    let over = |of: fn(&StepCost) -> u64| costs.iter().filter(|c| of(c) > STEP_BOUND_NS).count();
-    println!(
-        "[delete_prefix] {jobs} jobs: one user's {one_user} in {one_steps} steps \
-         ({one_took:?}), the other {everyone} in {all_steps} steps ({all_took:?}); per step \
-         (us): script CPU bound {}; main-thread CPU {}; time inside the call {}; run-queue \
-         wait {}; steps with steal: {}; steps over 5 ms: bound {}, CPU {}, inside the call {}; load average {}",
-        distribution(&costs, |c| c.script_bound_ns()),
-        distribution(&costs, |c| c.thread_cpu_ns),
-        distribution(&costs, |c| c.in_call_ns),
-        distribution(&costs, |c| c.run_queue_wait_ns),
-        costs.iter().filter(|c| c.steal_ns > 0).count(),
-        over(|c| c.script_bound_ns()),
-        over(|c| c.thread_cpu_ns),
-        over(|c| c.in_call_ns),
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
+    report(
+        jobs,
+        &format!(
+            "one user's {one_user} in {one_steps} steps ({one_took:?}), the other \
+             {everyone} in {all_steps} steps ({all_took:?})"
+        ),
+        &costs,
     );
     let slow: Vec<(u64, u64, u64)> = costs
         .iter()
