@@ -28,7 +28,9 @@ if ! amqp_up; then
 fi
 amqp_up || { echo "rabbitmq did not start" >&2; exit 1; }
 rabbitmqctl await_startup >/dev/null 2>&1 || true
-# amqp.command_partitions > 1 routes commands through the bundled consistent-hash
-# exchange (tests/bridge/partitions.rs); enabling an enabled plugin is a no-op.
+# The release before partitioned commands through the bundled consistent-hash exchange;
+# a bridge moving a deployment off that topology unbinds it (README, Partitioned
+# commands). This release's partitions do not need it. Enabling an enabled plugin is a
+# no-op.
 rabbitmq-plugins enable rabbitmq_consistent_hash_exchange >/dev/null
 echo "redis and rabbitmq are up"

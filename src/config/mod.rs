@@ -113,11 +113,11 @@ pub struct AmqpConfig {
     /// Deliveries of one command before the broker sets it aside to the invalid
     /// exchange (quorum queues only; 0 = unlimited).
     pub delivery_limit: u32,
-    /// Command partitions: 1 (the default) is one commands queue; N > 1 hashes each
-    /// command's `message_id` onto N queues `<commands_queue>.<k>` through a
-    /// consistent-hash exchange (the broker's `rabbitmq_consistent_hash_exchange`
-    /// plugin), each single-active-consumer: commands on one job still apply in publish
-    /// order, and the partitions spread over the bridges (README, *Order*).
+    /// Command partitions: 1 (the default) is one commands queue; N > 1 feeds the
+    /// route queue `<commands_queue>.route`, whose active consumer (the bridges' router)
+    /// forwards each command by its job id to one of N queues `<commands_queue>.<k>`,
+    /// each single-active-consumer: commands on one job still apply in publish order,
+    /// and the partitions spread over the bridges (README, *Order*).
     pub command_partitions: u16,
     pub heartbeat_secs: u16,
     /// Backoff between reconnect attempts, doubling up to the max.

@@ -300,7 +300,7 @@ impl PrivateRabbit {
     }
 
     /// As [`start`](Self::start), with these plugins enabled (e.g. the bundled
-    /// `rabbitmq_consistent_hash_exchange` partitioned commands need).
+    /// `rabbitmq_consistent_hash_exchange` the release before's partitions used).
     pub fn start_with_plugins(plugins: &[&str]) -> Result<Self, String> {
         Self::start_inner(None, |_| String::new(), plugins)
     }
