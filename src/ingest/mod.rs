@@ -36,11 +36,12 @@ mod route;
 mod session;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lapin::Connection;
 use tokio_util::sync::CancellationToken;
 
-use crate::amqp::AmqpError;
+use crate::amqp::{self, AmqpError};
 use crate::config::Config;
 use crate::feed::Feed;
 use crate::log_throttle::LogThrottle;
@@ -79,6 +80,41 @@ pub struct Isolation {
     careful: std::sync::atomic::AtomicBool,
     /// Sessions ended by an unparseable message since isolation began.
     ended: std::sync::atomic::AtomicU32,
+}
+
+/// A careful session looks at its queue once nothing came for this long with nothing in
+/// hand ...
+const ISOLATION_IDLE: Duration = Duration::from_millis(500);
+/// ... and returns to the full window once this many looks in a row found no ready
+/// message in it. Silence alone is not an empty queue: a loaded broker may take longer
+/// to redeliver the unparseable message, and a full window taken with it still at the
+/// head would count one more delivery against every valid command behind it (found by
+/// the deep-headers poison test under CI's load: the valid commands reached the
+/// delivery limit).
+const EMPTY_LOOKS: u8 = 2;
+
+/// A careful session's looks at its queue: after [`ISOLATION_IDLE`] of silence, is it
+/// empty?
+#[derive(Debug, Default)]
+struct EmptyLooks(u8);
+
+impl EmptyLooks {
+    /// A delivery came: the queue was not empty.
+    fn delivered(&mut self) {
+        self.0 = 0;
+    }
+
+    /// Looks once; whether the broker found no ready message [`EMPTY_LOOKS`] looks in
+    /// a row, so the session may return to the full window.
+    async fn look(&mut self, connection: &Connection, queue: &str) -> Result<bool, AmqpError> {
+        let state = amqp::queue_state(connection, queue).await?;
+        self.0 = if state.is_none_or(|(ready, _)| ready == 0) {
+            self.0.saturating_add(1)
+        } else {
+            0
+        };
+        Ok(self.0 >= EMPTY_LOOKS)
+    }
 }
 
 impl Ingest {
@@ -155,7 +191,7 @@ impl Ingest {
                 }
                 Ok(false) => return Ok(()),
                 Err(err) if err.is_unparseable() => {
-                    self.isolate(&self.isolation, &lane.queue, &err);
+                    self.isolate(&lane.queue, &err);
                     return Err(err);
                 }
                 Err(err) => return Err(err),
@@ -164,13 +200,32 @@ impl Ingest {
     }
 
     /// After a session ended on a message the client library cannot parse: the next
-    /// sessions consume one command at a time (see [`Isolation`]). Logged once per
-    /// isolation, in the operator's terms.
-    fn isolate(&self, isolation: &Isolation, queue: &str, err: &AmqpError) {
+    /// sessions consume one command at a time (see [`Isolation`]). lapin does not say
+    /// whose delivery it was, and partitioned, the router and every lane share one
+    /// connection, so all of them go careful (a lane whose queue is empty returns to the
+    /// full window after two looks; marking only the consumer whose error came first
+    /// left the router at the full window when the message was in the route queue).
+    /// Logged once per isolation, in the operator's terms.
+    fn isolate(&self, queue: &str, err: &AmqpError) {
         use std::sync::atomic::Ordering::Relaxed;
         let cfg = &self.config.amqp;
-        let ended = isolation.ended.fetch_add(1, Relaxed) + 1;
-        if isolation.careful.swap(true, Relaxed) {
+        let mut isolations = vec![&self.isolation];
+        if cfg.command_partitions > 1 {
+            isolations.push(&self.routing);
+        }
+        let mut already = true;
+        let mut ended = 0;
+        for isolation in isolations {
+            ended = ended.max(isolation.ended.fetch_add(1, Relaxed) + 1);
+            already &= isolation.careful.swap(true, Relaxed);
+        }
+        let queue = if cfg.command_partitions > 1 {
+            format!("{} or one of its partitions", amqp::route_queue(cfg))
+        } else {
+            queue.to_string()
+        };
+        let queue = queue.as_str();
+        if already {
             tracing::debug!(queue, sessions_ended = ended, error = %err, "the unparseable message ended another session");
             return;
         }

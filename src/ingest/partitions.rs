@@ -173,7 +173,7 @@ impl Ingest {
                     tracing::info!(queue = %amqp::route_queue(cfg), sessions_ended = ended, "the unparseable message is no longer at the head of the route queue; routing at the normal window again");
                 }
                 Err(err) if err.is_unparseable() => {
-                    self.isolate(&self.routing, &amqp::route_queue(cfg), &err);
+                    self.isolate(&amqp::route_queue(cfg), &err);
                     return Err(err);
                 }
                 Err(err) => return Err(err),

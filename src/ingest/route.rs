@@ -31,6 +31,7 @@ use lapin::{Confirmation, Connection};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::{EmptyLooks, ISOLATION_IDLE};
 use crate::amqp::{self, AmqpError};
 use crate::config::AmqpConfig;
 
@@ -38,23 +39,23 @@ use crate::config::AmqpConfig;
 /// lapin paired with a confirm resolved a moment later is seen first. It costs no
 /// lateness: the command is already in its partition.
 const SETTLE: Duration = Duration::from_millis(5);
-/// A careful session (one command at a time, after an unparseable message ended the
-/// last one) returns to the full window once nothing came for this long, or once it
-/// forwarded a full window one by one (by then every command the failed window
-/// returned was acked: quorum queues redeliver returned messages first).
-const ISOLATION_IDLE: Duration = Duration::from_millis(500);
+// A careful session (one command at a time, after an unparseable message ended the
+// last one) returns to the full window once the route queue is empty
+// (`super::EmptyLooks`), or once it forwarded a full window one by one (by then every
+// command the failed window returned was acked: quorum queues redeliver returned
+// messages first).
 
 /// How one router session ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Routed {
     /// Shutdown: everything forwarded was acked.
     Shutdown,
-    /// A careful session found the route queue quiet: the next may take a full window.
+    /// A careful session found the route queue empty: the next may take a full window.
     Recovered,
 }
 
 /// One router session on `connection` until shutdown, a broker error, or (`careful`:
-/// one command at a time) until the route queue is quiet. `window` bounds the commands
+/// one command at a time) until the route queue is empty. `window` bounds the commands
 /// forwarded and not yet acked.
 pub async fn route_commands(
     connection: &Connection,
@@ -66,6 +67,7 @@ pub async fn route_commands(
     let full_window = usize::from(window.max(1));
     let window = if careful { 1 } else { window.max(1) };
     let mut forwarded_carefully = 0usize;
+    let mut looks = EmptyLooks::default();
     let input = amqp::consumer_channel(connection, window).await?;
     let output = amqp::confirm_channel(connection).await?;
     let queue = amqp::route_queue(config);
@@ -118,13 +120,19 @@ pub async fn route_commands(
                         lapin::ChannelState::Closed, "route consumer cancelled by the broker").into())),
                 };
                 last_delivery = Instant::now();
+                looks.delivered();
                 match forward(&output, &exchanges, delivery).await {
                     Ok(pending) => forwarding.push_back(pending),
                     Err(err) => break Err(err),
                 }
             }
             () = tokio::time::sleep_until(last_delivery + ISOLATION_IDLE), if careful && idle && !draining => {
-                break Ok(Routed::Recovered);
+                last_delivery = Instant::now();
+                match looks.look(connection, &queue).await {
+                    Ok(true) => break Ok(Routed::Recovered),
+                    Ok(false) => {}
+                    Err(err) => break Err(err),
+                }
             }
         }
     };

@@ -5,7 +5,7 @@
 //! bridge.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, StreamExt};
@@ -18,16 +18,15 @@ use tokio_util::sync::CancellationToken;
 use super::batch::{Epoch, Named, Received};
 use super::decode::{decode, Rules};
 use super::partitions::{Lane, DRAIN_IDLE, HANDOVER_FORCE, HANDOVER_QUIET};
-use super::Ingest;
+use super::{EmptyLooks, Ingest, ISOLATION_IDLE};
 use crate::amqp::{self, AmqpError};
 
-/// A careful session returns to the normal prefetch once nothing arrived for this long
-/// with nothing in hand (the queue is empty: no unparseable message is left in it) ...
-const ISOLATION_IDLE: Duration = Duration::from_millis(500);
-// ... or once it applied a full normal window of commands one by one: quorum queues
-// redeliver returned messages before newer ones, so by then every command the failed
-// window returned was acked, and a valid command gains at most one delivery per
-// unparseable message met at the normal prefetch.
+// A careful session returns to the normal prefetch once its queue is empty (no
+// unparseable message is left in it: `super::EmptyLooks`), or once it applied a full
+// normal window of commands one by one: quorum queues redeliver returned messages
+// before newer ones, so by then every command the failed window returned was acked, and
+// a valid command gains at most one delivery per unparseable message met at the normal
+// prefetch.
 
 /// Batches sent to Redis before the first of them came back: the next batch is applied
 /// while the previous one is still in Redis or being acked, which hides a round trip
@@ -55,6 +54,7 @@ impl Ingest {
             (self.config.ingest.prefetch, self.config.ingest.batch)
         };
         let mut applied_carefully = 0usize;
+        let mut looks = EmptyLooks::default();
         let mut recovered = false;
         let channel = amqp::consumer_channel(connection, prefetch).await?;
         let side = amqp::confirm_channel(connection).await?;
@@ -192,6 +192,7 @@ impl Ingest {
                             lapin::ChannelState::Closed, "consumer cancelled by the broker").into())),
                     };
                     last_delivery = Instant::now();
+                    looks.delivered();
                     if !active && lane.share.is_some() {
                         tracing::info!(queue = %lane.queue, "active consumer of this command partition");
                     }
@@ -217,10 +218,12 @@ impl Ingest {
                     let jobs = Named::jobs(batch.iter().filter_map(Received::job_key).collect());
                     held = Some((batch, jobs));
                 }
-                // Careful, and nothing came with nothing in hand: the queue is empty.
+                // Careful, and nothing came with nothing in hand: is the queue empty?
                 _ = tokio::time::sleep(ISOLATION_IDLE), if careful && idle && !draining => {
-                    recovered = true;
-                    break;
+                    if looks.look(connection, &lane.queue).await? {
+                        recovered = true;
+                        break;
+                    }
                 }
                 // Draining a previous topology's queue: nothing came for a while with
                 // nothing in hand, so it is empty (or another bridge is its active

@@ -503,33 +503,6 @@ async fn switching_from_partitions_to_one_queue_drains_the_partitions_first() {
     broker.cleanup().await;
 }
 
-/// Forwards what the route queue holds with the bridge's own router, in this process
-/// and with no lane consuming, so a test can read where each command went.
-async fn route_everything(broker: &Broker, config: &Config) {
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let route = redisched::amqp::route_queue(&config.amqp);
-    let router =
-        redisched::ingest::route_commands(&broker.connection, &config.amqp, 100, false, &shutdown);
-    let watch = async {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while queue_state(broker, &route).await.map_or(1, |s| s.0) > 0 {
-            assert!(
-                Instant::now() < deadline,
-                "the router did not empty {route}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        // Every forward is acked by then or soon (a confirm, then SETTLE).
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        shutdown.cancel();
-    };
-    let (routed, ()) = tokio::join!(router, watch);
-    assert_eq!(
-        routed.expect("router session"),
-        redisched::ingest::Routed::Shutdown
-    );
-}
-
 /// Depth of every partition queue.
 async fn partition_depths(broker: &Broker, config: &Config) -> Vec<u32> {
     let mut depths = Vec::new();
@@ -574,7 +547,7 @@ async fn commands_without_message_id_are_partitioned_by_their_id_header_and_appl
     // Before any bridge: all 40 commands wait in the route queue.
     let route = redisched::amqp::route_queue(&config.amqp);
     assert_eq!(queue_state(&broker, &route).await.map(|s| s.0), Some(40));
-    route_everything(&broker, &config).await;
+    common::route::route_everything(&broker.connection, &config.amqp).await;
     let mut expected = vec![0u32; usize::from(PARTITIONS)];
     for id in &ids {
         expected[usize::from(redisched::amqp::partition_of(id.as_bytes(), PARTITIONS))] += 2;

@@ -303,7 +303,6 @@ async fn an_unparseable_command_sent_to_a_consuming_bridge_does_not_sink_the_one
 /// Partitioned: such a message stops at the router (the route queue's consumer), which
 /// isolates it the same way; what the router forwards, the lanes can parse.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "failed once under the full suite's load (20 valid commands not applied in 120 s): partitioned commands are not for production yet; run with --ignored"]
 async fn an_unparseable_command_does_not_sink_the_ones_behind_it_at_the_router() {
     let _shared = common::timed::shared().await;
     non_utf8_message_id("utf8routed", false, 4).await;

@@ -152,4 +152,5 @@ pub mod bridge;
 pub mod cluster;
 pub mod faults;
 pub mod receiver;
+pub mod route;
 pub mod timed;

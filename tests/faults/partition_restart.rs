@@ -64,7 +64,7 @@ async fn route(
             .await
             .expect("confirm");
     }
-    route_everything(connection, channel, config).await;
+    common::route::route_everything(connection, &config.amqp).await;
     // Single-active-consumer quorum queues refuse basic.get: a consumer per queue takes
     // as many messages as the queue holds (every publish was confirmed).
     let mut landed = BTreeMap::new();
@@ -103,31 +103,6 @@ async fn route(
     }
     assert_eq!(landed.len(), IDS, "every id landed in one partition");
     landed
-}
-
-/// Runs the router until the route queue is empty and every forward was acked.
-async fn route_everything(
-    connection: &Connection,
-    channel: &Channel,
-    config: &redisched::config::Config,
-) {
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let route = redisched::amqp::route_queue(&config.amqp);
-    let router = redisched::ingest::route_commands(connection, &config.amqp, 100, false, &shutdown);
-    let watch = async {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while queue_depth(channel, &route).await.unwrap_or(1) > 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the router did not empty {route}"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        shutdown.cancel();
-    };
-    let (routed, ()) = tokio::join!(router, watch);
-    routed.expect("router session");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -276,8 +276,7 @@ fn rabbit_tool(name: &str) -> PathBuf {
 }
 
 /// A second RabbitMQ node (`rs<unique>@localhost`) with its own ports, data, logs and
-/// Erlang cookie (HOME is its temp dir), no plugins unless asked
-/// ([`PrivateRabbit::start_with_plugins`]). Stopped and removed on drop.
+/// Erlang cookie (HOME is its temp dir), no plugins. Stopped and removed on drop.
 pub struct PrivateRabbit {
     pub node: String,
     pub port: u16,
@@ -299,25 +298,11 @@ impl PrivateRabbit {
         Self::start_configured(cookie, |_| String::new())
     }
 
-    /// As [`start`](Self::start), with these plugins enabled (e.g. the bundled
-    /// `rabbitmq_consistent_hash_exchange` the release before's partitions used).
-    pub fn start_with_plugins(plugins: &[&str]) -> Result<Self, String> {
-        Self::start_inner(None, |_| String::new(), plugins)
-    }
-
     /// Starts a node whose `rabbitmq.conf` gets the lines `extra_conf(port)` returns
     /// (e.g. a TLS listener on the node's port in place of the plain one).
     pub fn start_configured(
         cookie: Option<&str>,
         extra_conf: impl FnOnce(u16) -> String,
-    ) -> Result<Self, String> {
-        Self::start_inner(cookie, extra_conf, &[])
-    }
-
-    fn start_inner(
-        cookie: Option<&str>,
-        extra_conf: impl FnOnce(u16) -> String,
-        plugins: &[&str],
     ) -> Result<Self, String> {
         static NODES: AtomicU64 = AtomicU64::new(0);
         let node = format!(
@@ -327,8 +312,7 @@ impl PrivateRabbit {
             now_ms() % 1_000_000
         );
         let dir = TempDir::new("rabbit");
-        let enabled = format!("[{}].\n", plugins.join(","));
-        std::fs::write(dir.path().join("enabled_plugins"), enabled).map_err(|e| e.to_string())?;
+        std::fs::write(dir.path().join("enabled_plugins"), "[].\n").map_err(|e| e.to_string())?;
         if let Some(cookie) = cookie {
             use std::os::unix::fs::PermissionsExt;
             let path = dir.path().join(".erlang.cookie");
