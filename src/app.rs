@@ -96,7 +96,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         hints: hints.clone(),
         warnings: warnings.clone(),
         isolation: Default::default(),
-        routing: Default::default(),
     };
     let dispatcher = Dispatcher {
         store,

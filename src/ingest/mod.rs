@@ -61,11 +61,10 @@ pub struct Ingest {
     /// Invalid commands are counted exactly in metrics; the log gets the first of each
     /// topic and a summary per window, not one line per command.
     pub warnings: Arc<LogThrottle>,
-    /// Whether a message the client library cannot parse is being isolated.
+    /// Whether a message the client library cannot parse is being isolated: one flag
+    /// for every consumer on the connection (the lanes and, partitioned, the router),
+    /// since lapin does not say whose delivery ended it.
     pub isolation: Isolation,
-    /// The same for the router of partitioned commands: such a message stops at the
-    /// router (what it forwards, the lanes can parse).
-    pub routing: Isolation,
 }
 
 /// A message lapin cannot parse (a `message_id` that is not UTF-8, say) ends the AMQP
@@ -200,32 +199,23 @@ impl Ingest {
     }
 
     /// After a session ended on a message the client library cannot parse: the next
-    /// sessions consume one command at a time (see [`Isolation`]). lapin does not say
-    /// whose delivery it was, and partitioned, the router and every lane share one
-    /// connection, so all of them go careful (a lane whose queue is empty returns to the
-    /// full window after two looks; marking only the consumer whose error came first
-    /// left the router at the full window when the message was in the route queue).
-    /// Logged once per isolation, in the operator's terms.
+    /// sessions consume one command at a time (see [`Isolation`]). Partitioned, the
+    /// router and every lane go careful, as they share the connection (a lane whose
+    /// queue is empty returns to the full window after two looks; marking only the
+    /// consumer whose error came first left the router at the full window when the
+    /// message was in the route queue). Logged once per isolation, in the operator's
+    /// terms.
     fn isolate(&self, queue: &str, err: &AmqpError) {
         use std::sync::atomic::Ordering::Relaxed;
         let cfg = &self.config.amqp;
-        let mut isolations = vec![&self.isolation];
-        if cfg.command_partitions > 1 {
-            isolations.push(&self.routing);
-        }
-        let mut already = true;
-        let mut ended = 0;
-        for isolation in isolations {
-            ended = ended.max(isolation.ended.fetch_add(1, Relaxed) + 1);
-            already &= isolation.careful.swap(true, Relaxed);
-        }
+        let ended = self.isolation.ended.fetch_add(1, Relaxed) + 1;
         let queue = if cfg.command_partitions > 1 {
             format!("{} or one of its partitions", amqp::route_queue(cfg))
         } else {
             queue.to_string()
         };
         let queue = queue.as_str();
-        if already {
+        if self.isolation.careful.swap(true, Relaxed) {
             tracing::debug!(queue, sessions_ended = ended, error = %err, "the unparseable message ended another session");
             return;
         }

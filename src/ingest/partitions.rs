@@ -156,7 +156,7 @@ impl Ingest {
         use std::sync::atomic::Ordering::Relaxed;
         let cfg = &self.config.amqp;
         loop {
-            let careful = self.routing.careful.load(Relaxed);
+            let careful = self.isolation.careful.load(Relaxed);
             let routed = route_commands(
                 connection,
                 cfg,
@@ -168,8 +168,8 @@ impl Ingest {
             match routed {
                 Ok(Routed::Shutdown) => return Ok(()),
                 Ok(Routed::Recovered) => {
-                    let ended = self.routing.ended.swap(0, Relaxed);
-                    self.routing.careful.store(false, Relaxed);
+                    let ended = self.isolation.ended.swap(0, Relaxed);
+                    self.isolation.careful.store(false, Relaxed);
                     tracing::info!(queue = %amqp::route_queue(cfg), sessions_ended = ended, "the unparseable message is no longer at the head of the route queue; routing at the normal window again");
                 }
                 Err(err) if err.is_unparseable() => {
