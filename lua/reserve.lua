@@ -13,6 +13,9 @@ ARGV:
   4 max_per_second  optional (nine keys), the caller's default limit when `rate` holds
             none (a policy of its configuration): a decimal 0.001..1000000, '' for none
   5 burst   with 4: integer 1..1000000
+  6 format  optional: '' (default) or 'msgpack'; with 'msgpack', `jobs` is one bulk
+            string, the MessagePack encoding (Redis's built-in cmsgpack) of the same
+            array of arrays, so a client parses one string rather than 7 values per job
 Reply: { now, next_due, jobs, corrupt, paused [, throttled, next_token] }
   now       the server's clock, epoch ms
   next_due  due time of the earliest job still scheduled (parked jobs excluded), or -1
@@ -37,7 +40,7 @@ Rate limit: a GCRA (token bucket) on the server's clock: `max_per_second` jobs p
   seconds at most burst + max_per_second * w jobs are taken, by all callers together.
   The live limit (fields max_per_second, burst of `rate`, written by rate_limit.lua)
   overrides ARGV 4-5; the state (field tat) lives in the same hash.
-Errors: INVALID_ARGUMENT (keys, ttr_ms, limit, max, max_per_second, burst), WRONGTYPE
+Errors: INVALID_ARGUMENT (keys, ttr_ms, limit, max, max_per_second, burst, format), WRONGTYPE
   (from Redis).
 Invariant: each job moves from `scheduled` to `reserved` atomically; a job is never
 taken before its due time by the server's clock; tokens are unique per topic; parked
@@ -243,6 +246,21 @@ if ARGV[3] and #ARGV[3] > 0 then
 end
 
 -- The rate limit in force: the live one stored in KEYS[9], else the caller's default.
+local packed = false
+if ARGV[6] and ARGV[6] ~= '' then
+  if ARGV[6] ~= 'msgpack' then
+    return redis.error_reply('INVALID_ARGUMENT format must be msgpack or empty, got ' .. ARGV[6])
+  end
+  packed = true
+end
+-- The reply's `jobs` in the format asked for (ARGV 6).
+local function jobs_reply(list)
+  if packed then
+    return cmsgpack.pack(list)
+  end
+  return list
+end
+
 local rate_key = KEYS[9]
 local interval, burst, live
 if rate_key then
@@ -266,9 +284,9 @@ end
 local now = now_ms()
 if full and redis.call('GET', KEYS[6]) then
   if rate_key then
-    return { now, -1, {}, {}, 1, 0, -1 }
+    return { now, -1, jobs_reply({}), {}, 1, 0, -1 }
   end
-  return { now, -1, {}, {}, 1 }
+  return { now, -1, jobs_reply({}), {}, 1 }
 end
 local upto = now
 if max then
@@ -331,6 +349,8 @@ local next_due = -1
 if head[2] then
   next_due = tonumber(head[2])
 end
+local taken_count = #taken
+taken = jobs_reply(taken)
 if not full then
   return { now, next_due, taken, corrupt }
 end
@@ -341,8 +361,8 @@ if not interval then
   return { now, next_due, taken, corrupt, 0, 0, -1 }
 end
 local throttled = 0
-if #taken > 0 then
-  tat = tat + #taken * interval
+if taken_count > 0 then
+  tat = tat + taken_count * interval
   redis.call('HSET', rate_key.key, 'tat', string.format('%.3f', tat))
   if not live then
     -- Only state: once tat is past it equals a full bucket, so let it go.

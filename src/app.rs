@@ -372,6 +372,9 @@ async fn supervise(
     }
 }
 
+/// How long a stage may go on once its connection is lost (`amqp::while_connected`).
+const LOST_GRACE: Duration = Duration::from_secs(10);
+
 /// One AMQP connection for one stage. Ends `Ok` only on shutdown.
 async fn session(
     stage: Stage,
@@ -413,7 +416,11 @@ async fn session(
     };
     metrics.set_stage_ready(stage, true);
     tracing::info!(stage = stage.name(), %url, "connected to AMQP; topology declared");
-    let result = run(&connection, shutdown.child_token()).await;
+    let stop = shutdown.child_token();
+    let result =
+        amqp::while_connected(&connection, run(&connection, stop.clone()), LOST_GRACE).await;
+    // Whatever the stage spawned and still runs on this connection ends with it.
+    stop.cancel();
     metrics.set_stage_ready(stage, false);
     amqp::close_quietly("connection", connection.close(200, "bye".into())).await;
     result?;

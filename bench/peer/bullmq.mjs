@@ -1,14 +1,17 @@
 // BullMQ on the same Redis, measured the way redisched-bench measures redisched.
 //
-//   node bench/peer/bullmq.mjs [--json] [--jobs 100000] [--rates 1000,5000] [--seconds 20]
-//        [--max-delay-ms 10000] [--body-bytes 100] [--redis redis://127.0.0.1:6379/0]
+//   node bench/peer/bullmq.mjs [--json] [--jobs 100000] [--rates 1000,5000] [--seconds 30]
+//        [--max-delay-ms 10000] [--warm-up-ms <max delay>] [--body-bytes 100]
+//        [--redis redis://127.0.0.1:6379/0]
 //
 // Phase 1: add N delayed jobs (delay 1 h) with custom ids (jobId, 20 bytes) in addBulk
 // chunks of 1,000; Redis bytes per delayed job = INFO used_memory delta / N (and the
 // MEMORY USAGE of the keys, which other clients of a shared Redis do not disturb);
 // then remove every one of them by id (queue.remove, 1,000 concurrent).
 // Phase 2: a Worker (concurrency 100, no-op) processes jobs added at R/s with random
-// delays 0..max; lateness = processedOn - (timestamp + delay).
+// delays 0..max; lateness = processedOn - (timestamp + delay). Jobs are added for
+// warm-up + seconds, and only those due in the last `seconds` count (steady state: jobs
+// fall due at the full rate while they are still added at it), as redisched-bench does.
 // Everything lives under its own prefix, obliterated at the end.
 
 import { Queue, Worker } from 'bullmq';
@@ -22,8 +25,9 @@ const opt = (name, dflt) => {
 const asJson = args.includes('--json');
 const jobs = Number(opt('jobs', '100000'));
 const rates = opt('rates', '1000,5000').split(',').filter(Boolean).map(Number);
-const seconds = Number(opt('seconds', '20'));
+const seconds = Number(opt('seconds', '30'));
 const maxDelay = Number(opt('max-delay-ms', '10000'));
+const warmUp = Number(opt('warm-up-ms', String(maxDelay)));
 const bodyBytes = Number(opt('body-bytes', '100'));
 const redisUrl = opt('redis', process.env.REDISCHED_REDIS__URL || 'redis://127.0.0.1:6379/0');
 const prefix = opt('prefix', `bench-bullmq-${process.pid}-${Date.now().toString(16)}`);
@@ -127,19 +131,26 @@ async function phaseLateness(rate) {
   const name = `late${rate}`;
   const queue = new Queue(name, { connection: connection(), prefix });
   const lateness = [];
-  const total = Math.round(rate * seconds);
+  const total = Math.round(rate * (seconds + warmUp / 1000));
+  let seen = 0;
+  // The measured window, on the producer's clock; set when adding starts.
+  let from = Infinity;
+  let to = -Infinity;
   let done;
   const finished = new Promise((resolve) => (done = resolve));
   const worker = new Worker(
     name,
     async (job) => {
-      lateness.push(job.processedOn - (job.timestamp + job.opts.delay));
-      if (lateness.length >= total) done();
+      const due = job.timestamp + job.opts.delay;
+      if (due >= from && due < to) lateness.push(job.processedOn - due);
+      if (++seen >= total) done();
     },
     { connection: connection(), prefix, concurrency: 100, removeOnComplete: { count: 0 }, removeOnFail: { count: 0 } },
   );
   await worker.waitUntilReady();
   const t0 = performance.now();
+  from = Date.now() + warmUp;
+  to = from + seconds * 1000;
   let sent = 0;
   while (sent < total) {
     const should = Math.min(total, Math.floor(((performance.now() - t0) / 1000) * rate));
@@ -165,6 +176,8 @@ async function phaseLateness(rate) {
     rate_per_s: rate,
     achieved_add_rate_per_s: Math.round(total / addSecs),
     expected: total,
+    delivered: seen,
+    warm_up_ms: warmUp,
     lateness_ms: stats,
     cdf: cdf(lateness),
   };
@@ -174,7 +187,7 @@ async function main() {
   const redis = connection();
   const version = (await import('bullmq/package.json', { with: { type: 'json' } }).catch(() => null))?.default?.version;
   log(`bullmq ${version ?? '?'}: prefix ${prefix}`);
-  const result = { peer: 'bullmq', version, node: process.version, prefix, max_delay_ms: maxDelay, seconds_per_rate: seconds };
+  const result = { peer: 'bullmq', version, node: process.version, prefix, max_delay_ms: maxDelay, seconds_per_rate: seconds, warm_up_ms: warmUp };
   try {
     result.add_remove_memory = await phaseAddRemove(redis);
     result.rates = [];

@@ -172,7 +172,12 @@ struct Setup<'a> {
 
 async fn one_run(args: &InstructionsArgs, run: usize) -> Result<Value> {
     let redis = PrivateRedis::start().await?;
-    let env = Env::new(redis.url(), args.amqp_url.clone(), args.bridge_bin.clone())?;
+    let env = Env::new(
+        redis.url(),
+        args.amqp_url.clone(),
+        args.bridge_bin.clone(),
+        &[],
+    )?;
     let mut config = common::bench_config(&env, "instructions");
     // Everything runs some 50 times slower under callgrind: no Redis link may count as
     // dead meanwhile (a reconnect would be counted as the stage's cost).

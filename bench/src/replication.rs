@@ -69,6 +69,7 @@ pub(crate) async fn run(args: ReplicationArgs) -> Result<()> {
         args.redis_url.clone(),
         args.amqp_url.clone(),
         args.bridge_bin.clone(),
+        &[],
     )?;
     let mut floor = redis::Client::open(args.redis_url.as_str())?
         .get_multiplexed_async_connection()

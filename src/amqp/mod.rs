@@ -110,6 +110,12 @@ pub enum AmqpError {
     /// The broker's commands topology does not fit the configuration.
     #[error("AMQP topology: {0}")]
     Topology(String),
+    /// The connection was lost and the stage on it had not ended after the grace
+    /// period of [`while_connected`]: it waited on a call that would never complete.
+    #[error(
+        "AMQP connection lost; the stage on it was still waiting after {0:?}, so it was stopped"
+    )]
+    Lost(Duration),
 }
 
 impl AmqpError {
@@ -161,6 +167,39 @@ pub async fn channel_confirmed_open(channel: &Channel) -> bool {
         tokio::time::timeout(CONFIRM_OPEN_TIMEOUT, declare).await,
         Ok(Ok(()))
     )
+}
+
+/// Runs `stage` (the work of one session on `connection`) to its end, unless the
+/// connection is lost and the stage has not ended `grace` later: then it is dropped and
+/// the answer is [`AmqpError::Lost`]. A stage normally sees the loss at once (its next
+/// delivery or call fails) and ends with its own error, which is returned as it is (an
+/// unparseable message keeps its meaning). But lapin can leave a call on a dead
+/// connection pending for good: an ack sent while the broker force-closed the
+/// connection for a restart was seen never to complete, and a session awaiting it
+/// would stall its stage until the process restarts.
+pub async fn while_connected<T>(
+    connection: &Connection,
+    stage: impl Future<Output = Result<T, AmqpError>>,
+    grace: Duration,
+) -> Result<T, AmqpError> {
+    let mut stage = std::pin::pin!(stage);
+    let lost = async {
+        let mut every = tokio::time::interval(Duration::from_millis(500));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            if !connection.status().connected() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        ended = &mut stage => ended,
+        () = lost => match tokio::time::timeout(grace, &mut stage).await {
+            Ok(ended) => ended,
+            Err(_) => Err(AmqpError::Lost(grace)),
+        },
+    }
 }
 
 /// Runs a closing step for at most [`CLOSE_TIMEOUT`], ignoring its outcome.

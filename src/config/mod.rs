@@ -87,6 +87,10 @@ pub const MAX_HTTP_CONNECTIONS: usize = 1_000_000;
 /// `redis.wait_replicas` above this is a mistake, not a deployment: ingest would stall.
 pub const MAX_WAIT_REPLICAS: u32 = 16;
 
+/// Confirm channels per dispatch session at most: past a few, another channel only adds
+/// broker processes competing for the same cores.
+pub const MAX_DISPATCH_CHANNELS: usize = 16;
+
 /// `amqp.command_partitions` above this is a mistake: every bridge holds a channel and
 /// a consumer per partition.
 pub const MAX_COMMAND_PARTITIONS: u16 = 256;
@@ -153,8 +157,12 @@ pub struct DispatchConfig {
     pub ttr_ms: u64,
     /// Jobs taken per reserve call.
     pub batch: usize,
-    /// Publishes awaiting a broker confirm at most.
+    /// Publishes awaiting a broker confirm at most, over all the session's channels.
     pub window: usize,
+    /// Confirm channels an AMQP dispatch session publishes on, taking turns per reserved
+    /// batch: one channel is one broker process confirming in order, more let a busy
+    /// broker confirm in parallel. Each channel keeps its own publish order.
+    pub channels: usize,
     /// First retry delay after a nack or an unroutable return; doubles per attempt.
     pub retry_min_ms: u64,
     pub retry_max_ms: u64,
@@ -272,6 +280,7 @@ impl Default for DispatchConfig {
             ttr_ms: 30_000,
             batch: 200,
             window: 1_000,
+            channels: 1,
             retry_min_ms: 1_000,
             retry_max_ms: 60_000,
             requeue_interval_ms: 1_000,

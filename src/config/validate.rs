@@ -7,7 +7,10 @@ use std::net::SocketAddr;
 use crate::store::MAX_BATCH;
 use crate::urls::amqp_urls;
 
-use super::{Config, ConfigError, MAX_COMMAND_PARTITIONS, MAX_HTTP_CONNECTIONS, MAX_WAIT_REPLICAS};
+use super::{
+    Config, ConfigError, MAX_COMMAND_PARTITIONS, MAX_DISPATCH_CHANNELS, MAX_HTTP_CONNECTIONS,
+    MAX_WAIT_REPLICAS,
+};
 
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
@@ -151,6 +154,18 @@ impl Config {
         }
         if self.dispatch.window == 0 {
             return Err(invalid("dispatch.window", "must be > 0"));
+        }
+        if !(1..=MAX_DISPATCH_CHANNELS).contains(&self.dispatch.channels) {
+            return Err(invalid(
+                "dispatch.channels",
+                format!("must be 1..={MAX_DISPATCH_CHANNELS}"),
+            ));
+        }
+        if self.dispatch.channels > self.dispatch.window {
+            return Err(invalid(
+                "dispatch.channels",
+                "must not exceed dispatch.window (each channel needs room for a publish)",
+            ));
         }
         if self.dispatch.retry_min_ms == 0
             || self.dispatch.retry_max_ms < self.dispatch.retry_min_ms
@@ -461,6 +476,20 @@ mod tests {
         let err = config.validate().expect_err("refused");
         assert!(err.to_string().contains("single_active_consumer"), "{err}");
         config.amqp.command_partitions = 1;
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn dispatch_channels_are_1_to_16_and_no_more_than_the_window() {
+        for (channels, window) in [(0, 1_000), (MAX_DISPATCH_CHANNELS + 1, 1_000), (4, 3)] {
+            let mut config = Config::default();
+            config.dispatch.channels = channels;
+            config.dispatch.window = window;
+            let err = config.validate().expect_err("refused");
+            assert!(err.to_string().contains("dispatch.channels"), "{err}");
+        }
+        let mut config = Config::default();
+        config.dispatch.channels = MAX_DISPATCH_CHANNELS;
         assert!(config.validate().is_ok());
     }
 

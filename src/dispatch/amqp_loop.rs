@@ -1,7 +1,8 @@
 //! The AMQP sink's loop, one per AMQP session: wait out a broker block, bring the plan
 //! up to date, nap until something is due, reserve the due topics a group at a time and
-//! publish each job with `mandatory` in confirm mode within `dispatch.window`; the
-//! confirms go to `confirm.rs`, which settles each job.
+//! publish each job with `mandatory` in confirm mode within `dispatch.window`, each
+//! reserved batch on the next of `dispatch.channels` lanes; each lane's confirms go to
+//! its own `confirm.rs` confirmer, which settles its jobs.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use futures_util::StreamExt;
 use lapin::{Channel, Connection};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::confirm::{Confirmer, InFlight};
 use super::settle::{Settler, Ticket};
@@ -19,6 +21,13 @@ use super::{expiry, sleep_or_shutdown, Dispatcher, Plan, RESERVE_GROUP};
 use crate::amqp::{self, decode_meta, outgoing_properties, AmqpError};
 use crate::job::Topic;
 use crate::store::ReservedJob;
+
+/// One confirm channel of a dispatch session and the sender to its own confirmer: a
+/// channel's confirms and returns are matched against that channel's publishes alone.
+struct Lane {
+    channel: Channel,
+    in_flight: mpsc::UnboundedSender<InFlight>,
+}
 
 impl Dispatcher {
     /// Dispatches over one AMQP connection until `shutdown` (then drains in-flight
@@ -29,52 +38,72 @@ impl Dispatcher {
         connection: &Connection,
         shutdown: CancellationToken,
     ) -> Result<(), AmqpError> {
-        let channel = amqp::confirm_channel(connection).await?;
         let blocked = watch_blocked(connection, shutdown.clone());
         let window = Arc::new(Semaphore::new(self.config.dispatch.window));
-        let (in_flight, confirmed) = mpsc::unbounded_channel();
-        self.expiry.set_session(Some(expiry::Session {
-            channel: channel.clone(),
-            confirms: in_flight.clone(),
-        }));
         let settler = self.settler();
-        let confirmer = Confirmer {
-            settler: settler.clone(),
-            warnings: self.warnings.clone(),
-        };
-        let mut confirmer = tokio::spawn(confirmer.run(confirmed));
+        let mut lanes = Vec::with_capacity(self.config.dispatch.channels);
+        // Aborted if this session is dropped (`amqp::while_connected` drops one whose
+        // connection died under it): their jobs stay reserved and are requeued.
+        let mut confirmers = Vec::with_capacity(self.config.dispatch.channels);
+        for _ in 0..self.config.dispatch.channels {
+            let channel = amqp::confirm_channel(connection).await?;
+            let (in_flight, confirmed) = mpsc::unbounded_channel();
+            let confirmer = Confirmer {
+                settler: settler.clone(),
+                warnings: self.warnings.clone(),
+            };
+            confirmers.push(AbortOnDropHandle::new(tokio::spawn(
+                confirmer.run(confirmed),
+            )));
+            lanes.push(Lane { channel, in_flight });
+        }
+        // The webhook loop sets its expired jobs aside on the first channel.
+        self.expiry
+            .set_session(lanes.first().map(|lane| expiry::Session {
+                channel: lane.channel.clone(),
+                confirms: lane.in_flight.clone(),
+            }));
+        let expiry_session = ClearOnDrop(&self.expiry);
 
         let result = self
-            .dispatch_loop(
-                plan, &channel, blocked, &window, &in_flight, &settler, &shutdown,
-            )
+            .dispatch_loop(plan, &lanes, blocked, &window, &settler, &shutdown)
             .await;
-        // The confirmer ends once every sender is gone, the webhook loop's too.
-        self.expiry.set_session(None);
-        drop(in_flight);
+        // A confirmer ends once every sender is gone, the webhook loop's too.
+        drop(expiry_session);
+        let channels: Vec<Channel> = lanes.into_iter().map(|lane| lane.channel).collect();
         let grace = Duration::from_millis(self.config.dispatch.shutdown_grace_ms);
-        if tokio::time::timeout(grace, &mut confirmer).await.is_err() {
-            confirmer.abort();
+        let deadline = tokio::time::Instant::now() + grace;
+        let mut pending = false;
+        for confirmer in &mut confirmers {
+            if tokio::time::timeout_at(deadline, &mut *confirmer)
+                .await
+                .is_err()
+            {
+                confirmer.abort();
+                pending = true;
+            }
+        }
+        if pending {
             tracing::warn!(
                 ?grace,
                 "confirms still pending at the end of the grace period; those jobs stay reserved and are requeued after their time-to-run"
             );
         }
-        amqp::close_quietly("dispatch channel", channel.close(200, "shutdown".into())).await;
+        for channel in channels {
+            amqp::close_quietly("dispatch channel", channel.close(200, "shutdown".into())).await;
+        }
         result
     }
 
     /// The dispatch loop, one named step per line: wait out a broker block, bring the
     /// plan up to date, nap until something is due, then reserve and publish the due
     /// topics a group at a time within the confirm window.
-    #[allow(clippy::too_many_arguments)]
     async fn dispatch_loop(
         &self,
         plan: &mut Plan,
-        channel: &Channel,
+        lanes: &[Lane],
         mut blocked: watch::Receiver<bool>,
         window: &Arc<Semaphore>,
-        in_flight: &mpsc::UnboundedSender<InFlight>,
         settler: &Settler,
         shutdown: &CancellationToken,
     ) -> Result<(), AmqpError> {
@@ -82,6 +111,7 @@ impl Dispatcher {
         let poll = Duration::from_millis(cfg.poll_interval_ms);
         let ttr = Duration::from_millis(cfg.ttr_ms);
         let mut redis_backoff = Duration::from_millis(100);
+        let mut turns = LaneTurns::default();
         while !shutdown.is_cancelled() {
             if *blocked.borrow() {
                 if !wait_unblocked(&mut blocked, shutdown).await {
@@ -131,7 +161,7 @@ impl Dispatcher {
                 };
                 redis_backoff = Duration::from_millis(100);
                 if !self
-                    .publish_reserved(channel, reserved, first_permit, window, in_flight, settler)
+                    .publish_reserved(lanes, &mut turns, reserved, first_permit, window, settler)
                     .await?
                 {
                     return Ok(());
@@ -142,22 +172,23 @@ impl Dispatcher {
     }
 
     /// Publishes reserved jobs in order, each under a permit of the confirm window
-    /// (the first one already taken). `Ok(false)` when the window closed (the session
-    /// is ending). If the channel fails, everything reserved and not sent is failed
-    /// back to the store (`Settler::fail_unsent`), so it is due again now instead of
-    /// after the TTR.
+    /// (the first one already taken), each topic's batch on the next lane in turn.
+    /// `Ok(false)` when the window closed (the session is ending). If a channel fails,
+    /// everything reserved and not sent is failed back to the store
+    /// (`Settler::fail_unsent`), so it is due again now instead of after the TTR.
     async fn publish_reserved(
         &self,
-        channel: &Channel,
+        lanes: &[Lane],
+        turns: &mut LaneTurns,
         reserved: Vec<(Topic, Vec<ReservedJob>)>,
         first_permit: tokio::sync::OwnedSemaphorePermit,
         window: &Arc<Semaphore>,
-        in_flight: &mpsc::UnboundedSender<InFlight>,
         settler: &Settler,
     ) -> Result<bool, AmqpError> {
         let mut first_permit = Some(first_permit);
         let mut topics = reserved.into_iter();
         while let Some((topic, jobs)) = topics.next() {
+            let Lane { channel, in_flight } = turns.next(lanes);
             let mut jobs = jobs.into_iter();
             while let Some(job) = jobs.next() {
                 let permit = match first_permit.take() {
@@ -225,7 +256,8 @@ impl Dispatcher {
                     outgoing_properties(topic.as_str(), job, stored, ticket.due_at),
                 ),
             };
-        let (key, confirm) = expiry::publish(channel, exchange, topic, job, props).await?;
+        let (key, confirm) =
+            expiry::publish(channel, exchange, topic, job, ticket.due_at, props).await?;
         let flight = InFlight {
             ticket,
             key,
@@ -240,6 +272,19 @@ impl Dispatcher {
     }
 }
 
+/// Which lane publishes the next reserved batch: each in turn, so that a busy topic's
+/// batches spread over every channel while each batch stays in order on one.
+#[derive(Default)]
+struct LaneTurns(usize);
+
+impl LaneTurns {
+    fn next<'a>(&mut self, lanes: &'a [Lane]) -> &'a Lane {
+        let lane = &lanes[self.0 % lanes.len()];
+        self.0 = self.0.wrapping_add(1);
+        lane
+    }
+}
+
 /// Waits while the broker blocks publishers (a resource alarm); `false` on shutdown.
 async fn wait_unblocked(blocked: &mut watch::Receiver<bool>, shutdown: &CancellationToken) -> bool {
     tracing::warn!("broker blocked publishers (resource alarm); dispatch paused");
@@ -249,6 +294,16 @@ async fn wait_unblocked(blocked: &mut watch::Receiver<bool>, shutdown: &Cancella
             tracing::info!("broker unblocked; dispatch resumes");
             true
         }
+    }
+}
+
+/// Takes this session's channel away from the expiry sink when the session ends, even
+/// when it is dropped.
+struct ClearOnDrop<'a>(&'a expiry::Expiry);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.set_session(None);
     }
 }
 

@@ -130,7 +130,16 @@ impl Expiry {
                 return;
             };
             let props = expired_properties(&topic, &job, props, ticket.due_at, ms);
-            match publish(&session.channel, &exchange, &topic, &job, props).await {
+            match publish(
+                &session.channel,
+                &exchange,
+                &topic,
+                &job,
+                ticket.due_at,
+                props,
+            )
+            .await
+            {
                 Ok((key, confirm)) => {
                     let flight = InFlight {
                         ticket,
@@ -185,16 +194,19 @@ pub(crate) fn expired_properties(
     props.with_headers(table)
 }
 
-/// Publishes `job` with `props` to `exchange` (routing key = topic), `mandatory`; the
-/// key its return would carry, and its confirm.
+/// Publishes `job` with `props` (from [`outgoing_properties`] with `due_at`) to
+/// `exchange` (routing key = topic), `mandatory`; the key its return would carry, and
+/// its confirm.
 pub(crate) async fn publish(
     channel: &Channel,
     exchange: &str,
     topic: &Topic,
     job: &ReservedJob,
+    due_at: i64,
     props: BasicProperties,
 ) -> lapin::Result<(ReturnKey, PublisherConfirm)> {
-    let key = ReturnKey::of(exchange, topic.as_str(), &props);
+    let attempt_headers = [i64::from(job.attempt), due_at, job.due_at];
+    let key = ReturnKey::of_publish(exchange, topic.as_str(), &props, attempt_headers);
     let confirm = channel
         .basic_publish(
             exchange.into(),

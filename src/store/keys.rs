@@ -18,6 +18,9 @@
 //! <prefix>:notify               Pub/Sub channel: '<due_at>|<topic>' when a topic's head moves earlier
 //! ```
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use crate::job::Topic;
 
 /// Key names of one deployment, derived from its prefix.
@@ -28,6 +31,30 @@ pub struct KeySpace {
     /// ingest of command partition k (each partition's sessions fence one another,
     /// never another partition's: two partitions write one topic at once).
     fence: String,
+    /// Topics' key lists as spelled lately, shared by the clones of this key space:
+    /// dispatch calls two scripts per batch on the same few topics, and spelling nine
+    /// names each time was a visible share of a dispatched job's instructions.
+    spelled: Arc<Mutex<HashMap<Topic, Arc<KeyLists>>>>,
+}
+
+/// The most topics whose key lists [`KeySpace::lists`] keeps; past it, it starts over
+/// (a deployment with more busy topics than this only spells names more often).
+const SPELLED_TOPICS: usize = 1024;
+
+/// One topic's key lists, spelled once (see [`KeySpace::lists`]).
+#[derive(Debug)]
+pub struct KeyLists([String; 9]);
+
+impl KeyLists {
+    /// [`KeySpace::all`].
+    pub fn all(&self) -> &[String] {
+        &self.0[..8]
+    }
+
+    /// [`KeySpace::limited`].
+    pub fn limited(&self) -> &[String] {
+        &self.0
+    }
 }
 
 /// The four keys of the version-1 script contract, in `KEYS` order.
@@ -55,6 +82,7 @@ impl KeySpace {
         Self {
             prefix,
             fence: "fence".into(),
+            spelled: Arc::default(),
         }
     }
 
@@ -63,7 +91,25 @@ impl KeySpace {
         Self {
             prefix: self.prefix.clone(),
             fence: format!("fence:{k}"),
+            spelled: self.spelled.clone(),
         }
+    }
+
+    /// `topic`'s full and limited key lists, spelled once and then shared.
+    pub fn lists(&self, topic: &Topic) -> Arc<KeyLists> {
+        // A poisoned lock still holds whole entries: each is inserted complete.
+        let mut spelled = self.spelled.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(lists) = spelled.get(topic) {
+            return lists.clone();
+        }
+        if spelled.len() >= SPELLED_TOPICS {
+            spelled.clear();
+        }
+        let [a, b, c, d, e, f, g, h] = self.all(topic);
+        let rate = format!("{}:{{{}}}:rate", self.prefix, topic.as_str());
+        let lists = Arc::new(KeyLists([a, b, c, d, e, f, g, h, rate]));
+        spelled.insert(topic.clone(), lists.clone());
+        lists
     }
 
     pub fn topic(&self, topic: &Topic) -> TopicKeys {
@@ -155,5 +201,24 @@ mod tests {
         let limited = KeySpace::new("rs").limited(&Topic::new("mail.welcome").unwrap());
         assert_eq!(limited[..8], all[..]);
         assert_eq!(limited[8], "rs:{mail.welcome}:rate");
+    }
+
+    #[test]
+    fn spelled_lists_are_the_spelled_out_ones_whatever_the_cache_holds() {
+        let space = KeySpace::new("rs");
+        let partition = space.for_partition(3);
+        for round in 0..3 {
+            for n in 0..(SPELLED_TOPICS + 10) {
+                let topic = Topic::new(format!("t{n}")).unwrap();
+                let lists = if round == 1 {
+                    partition.lists(&topic)
+                } else {
+                    space.lists(&topic)
+                };
+                assert_eq!(lists.all(), &space.all(&topic)[..]);
+                assert_eq!(lists.limited(), &space.limited(&topic)[..]);
+            }
+        }
+        assert!(space.spelled.lock().unwrap().len() <= SPELLED_TOPICS);
     }
 }

@@ -31,7 +31,8 @@ impl Reader {
         self.items.len()
     }
 
-    fn next(&mut self, what: &str) -> Result<Value, StoreError> {
+    /// The next value as it came (a field whose shape depends on the call's arguments).
+    pub(super) fn next(&mut self, what: &str) -> Result<Value, StoreError> {
         self.items
             .next()
             .ok_or_else(|| StoreError::bad_reply(self.script, format!("missing {what}")))

@@ -59,7 +59,7 @@ impl Scripts {
     /// An `EVALSHA` of `script` on one topic's keys; add arguments with [`Call::arg`].
     /// Every per-topic script takes the topic's full key list ([`KeySpace::all`]).
     pub(crate) fn call(script: &Script, topic: &Topic, keys: &KeySpace) -> Call {
-        Self::call_with_keys(script, topic, &keys.all(topic))
+        Self::call_with_keys(script, topic, keys.lists(topic).all())
     }
 
     /// [`Scripts::call`] with an explicit key list (all under the topic's hash tag).

@@ -509,7 +509,10 @@ fn bulk_load(conn: &mut redis::Connection, jobs: u64) {
 /// each measure alone, the run-queue wait, and the main thread's page faults and system
 /// time, so that a slow step shows whether memory work was in it (on a shared-core VM the
 /// slow ones had none: README, "Cancel by id prefix"). `PREFIX_JOBS` sets the topic size
-/// (default 100,000).
+/// (default 100,000). A run with a step over the bound is measured once more, on a fresh
+/// server, and fails if that one has one too: a script whose work grew misses on every
+/// run, while a step the shared cores stalled (one in 7,542 in a red full-suite run, with
+/// the hypervisor's steal beside it) does not repeat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_step_is_bounded_on_a_large_topic() {
     let _alone = common::timed::alone().await;
@@ -517,6 +520,26 @@ async fn every_step_is_bounded_on_a_large_topic() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
+    let (slow, steps) = slow_steps(jobs).await;
+    if slow.is_empty() {
+        return;
+    }
+    eprintln!(
+        "[delete_prefix] {} of {steps} steps over 5 ms ((CPU us, in-call us, steal us) each: {slow:?}); measuring once more",
+        slow.len()
+    );
+    let (slow, steps) = slow_steps(jobs).await;
+    assert!(
+        slow.is_empty(),
+        "{} of {steps} steps ran over 5 ms both in Redis CPU and inside the call, in two \
+         runs ((CPU us, in-call us, steal us) each, of the second): {slow:?}",
+        slow.len(),
+    );
+}
+
+/// One measurement on a private server with `jobs` waiting (the test above): the steps
+/// over the bound ((CPU us, in-call us, steal us) each) and how many steps there were.
+async fn slow_steps(jobs: u64) -> (Vec<(u64, u64, u64)>, usize) {
     let redis = PrivateRedis::start();
     let options = ConnectOptions {
         url: redis.url(),
@@ -594,13 +617,7 @@ async fn every_step_is_bounded_on_a_large_topic() {
             )
         })
         .collect();
-    assert!(
-        slow.is_empty(),
-        "{} of {} steps ran over 5 ms both in Redis CPU and inside the call \
-         ((CPU us, in-call us, steal us) each): {slow:?}",
-        slow.len(),
-        costs.len()
-    );
+    (slow, costs.len())
 }
 
 /// The AMQP op: `x-redisched-op: delete-prefix`, `message_id` = the prefix. It applies in

@@ -459,8 +459,16 @@ async fn two_bridges_deliver_each_job_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bridge_killed_mid_dispatch_loses_nothing_after_restart() {
     let _shared = common::timed::shared().await;
+    // One confirm channel, and four taking turns (each with its own confirmer).
+    for channels in [1, 4] {
+        killed_mid_dispatch(channels).await;
+    }
+}
+
+async fn killed_mid_dispatch(channels: usize) {
     let mut config = test_config("kill");
     config.dispatch.ttr_ms = 1_000;
+    config.dispatch.channels = channels;
     let broker = Broker::new(&config).await;
     let mut ready = broker.consume_ready("#").await;
     let n = 3_000;
@@ -473,7 +481,7 @@ async fn a_bridge_killed_mid_dispatch_loses_nothing_after_restart() {
     bridge.kill9();
     let mut restarted = ChildBridge::start(&config);
     let mut got = first;
-    got.extend(ready.collect(n * 2, 30 * SECOND).await.into_iter());
+    got.extend(ready.collect(n * 2, 30 * SECOND).await);
     let mut seen: HashSet<String> = HashSet::new();
     for (_, d) in &got {
         seen.insert(message_id(d));
@@ -483,14 +491,14 @@ async fn a_bridge_killed_mid_dispatch_loses_nothing_after_restart() {
         .collect();
     assert!(
         missing.is_empty(),
-        "lost {} jobs, e.g. {:?}",
+        "{channels} channel(s): lost {} jobs, e.g. {:?}",
         missing.len(),
         &missing[..missing.len().min(5)]
     );
     let duplicates = got.len() - seen.len();
     assert!(
         duplicates <= config.dispatch.window,
-        "duplicates {duplicates} bounded by the confirm window"
+        "{channels} channel(s): duplicates {duplicates} bounded by the confirm window"
     );
     let (status, took) = restarted.terminate();
     assert!(status.success(), "SIGTERM exits 0, got {status:?}");

@@ -574,6 +574,8 @@ async fn webhook_deliveries_carry_the_jittered_due_time_and_the_scheduled_one() 
     }];
     config.validate().expect("valid config");
     let store = common::test_store_named(&config.redis.prefix).await;
+    // No AMQP command here, but the bridge declares its topology: removed at the end.
+    let broker = Broker::new(&config).await;
     let bridge = InProcess::start(&config);
     let t = topic("hooked");
     let start = store.server_time().await.expect("time") + 1_500;
@@ -589,6 +591,7 @@ async fn webhook_deliveries_carry_the_jittered_due_time_and_the_scheduled_one() 
     let got = receiver.wait_for(2, 10 * SECOND).await;
     bridge.stop().await;
     delete_bridge_keys(&config);
+    broker.cleanup().await;
     assert!(got.len() >= 2, "{} requests", got.len());
     for (k, r) in got.iter().take(2).enumerate() {
         let scheduled: i64 = r

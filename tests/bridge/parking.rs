@@ -174,13 +174,15 @@ async fn history_lists_dispatched_and_deleted_outcomes() {
 /// max_attempts = 1) and every routable one delivered, none released for the other.
 /// With a small confirm window the returns ride on other jobs' confirms in most runs,
 /// with the default one in some (before the matching, 2 runs in 5 lost a job there).
+/// With four confirm channels each channel's returns and confirms are its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn returns_are_matched_to_their_own_jobs_when_routable_and_unroutable_mix() {
     let _shared = common::timed::shared().await;
-    for window in [16, 1_000] {
+    for (window, channels) in [(16, 1), (1_000, 1), (1_000, 4)] {
         let mut config = test_config("mixreturns");
         config.dispatch.max_attempts = 1;
         config.dispatch.window = window;
+        config.dispatch.channels = channels;
         mixed_returns(&config).await;
     }
 }
@@ -217,7 +219,10 @@ async fn mixed_returns(config: &redisched::config::Config) {
         .parked;
     bridge.stop().await;
     broker.cleanup().await;
-    let window = config.dispatch.window;
+    let window = format!(
+        "{} over {} channel(s)",
+        config.dispatch.window, config.dispatch.channels
+    );
     assert_eq!(
         (stats.parked, stats.records),
         (EACH as u64, EACH as u64),

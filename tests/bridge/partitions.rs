@@ -100,6 +100,14 @@ impl Logged {
 
 impl Drop for Logged {
     fn drop(&mut self) {
+        // A failing test shows what the bridge said (its log file goes with it).
+        if std::thread::panicking() {
+            eprintln!(
+                "--- bridge log {}:\n{}",
+                self.log.display(),
+                self.log_text()
+            );
+        }
         let _ = std::fs::remove_file(&self.log);
     }
 }

@@ -556,10 +556,28 @@ async fn three_bridges_share_one_limit_beside_an_unlimited_topic_through_a_chang
     // burst whenever reserving pauses (the SIGKILL, a stalled machine), and what arrives
     // after such a pause is spread by the same path (one red run at load ~1.3 had a
     // window over 220 after the opening; 202..=218 were seen otherwise).
-    let jitter = usize::try_from(p99.max(0) * 200 / 1000).unwrap_or(0) + 2;
+    // Where the path itself stalled around the busiest window (its unlimited jobs were
+    // that late there: one red run had a 288-ms stall at the opening, p99 101 ms), the
+    // window takes what that stall held back, so its allowance is the path's worst delay
+    // around it; no better than p99 anywhere.
+    let jitter_of = |delay_ms: i64| usize::try_from(delay_ms.max(0) * 200 / 1000).unwrap_or(0) + 2;
+    let jitter = jitter_of(p99);
+    let busiest_starts = first + busiest_200_at;
+    let stall_there = live
+        .iter()
+        .filter(|(at, due, _, attempt)| {
+            *due > 0
+                && *attempt == 1
+                && (busiest_starts - 1_000..busiest_starts + 2_000).contains(at)
+        })
+        .map(|(at, due, _, _)| at - due)
+        .max()
+        .unwrap_or(0)
+        .max(p99);
+    let jitter_there = jitter_of(stall_there);
     assert!(
-        busiest_200 <= 200 + BURST + jitter,
-        "a 1-s window delivered {busiest_200} > 200 + burst + {jitter} of arrival jitter (the path's p99 {p99} ms at 200/s, + 2)"
+        busiest_200 <= 200 + BURST + jitter_there,
+        "a 1-s window delivered {busiest_200} > 200 + burst + {jitter_there} of arrival jitter (the path's worst delay around that window {stall_there} ms at 200/s, + 2)"
     );
     assert!(
         busiest_steady <= 200 + BURST + jitter,

@@ -9,6 +9,7 @@
 mod common;
 
 mod bridge_faults;
+mod lost_connection;
 mod partition_restart;
 mod rabbit_cluster;
 mod soak;

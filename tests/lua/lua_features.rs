@@ -1088,6 +1088,7 @@ fn new_arguments_are_refused_with_invalid_argument_and_write_nothing() {
         ("put", all[..5].to_vec(), vec!["id", "b", "", "nx", "delay", "0", "1000", "10", ""]),
         ("delete", all.clone(), vec!["id", "many"]),
         ("reserve", all.clone(), vec!["1000", "10", "soon"]),
+        ("reserve", all.clone(), vec!["1000", "10", "", "", "", "json"]),
         ("pull", all.clone(), vec!["10", "1.5"]),
         ("release", all.clone(), vec!["id", "1@soon"]),
         ("release", all.clone(), vec!["id", "1@-2"]),
@@ -1122,6 +1123,144 @@ fn new_arguments_are_refused_with_invalid_argument_and_write_nothing() {
     }
     let existing: i64 = t.conn.exists(&all).unwrap();
     assert_eq!(existing, 0, "no refused call wrote anything");
+}
+
+/// A MessagePack value (as Redis's cmsgpack writes one) read back as the RESP value
+/// the same script answers without ARGV 6: arrays, byte strings, integers.
+fn from_msgpack(input: &mut &[u8]) -> Value {
+    use rmp::Marker;
+    let marker = rmp::decode::read_marker(input).expect("a msgpack marker");
+    let len = |input: &mut &[u8], bytes: usize| -> usize {
+        let (head, rest) = input.split_at(bytes);
+        *input = rest;
+        head.iter().fold(0usize, |n, b| n << 8 | usize::from(*b))
+    };
+    let array =
+        |input: &mut &[u8], n: usize| Value::Array((0..n).map(|_| from_msgpack(input)).collect());
+    let string = |input: &mut &[u8], n: usize| {
+        let (bytes, rest) = input.split_at(n);
+        *input = rest;
+        Value::BulkString(bytes.to_vec())
+    };
+    let int = |input: &mut &[u8], bytes: usize, signed: bool| {
+        let n = len(input, bytes) as u64;
+        let shift = 64 - 8 * bytes as u32;
+        Value::Int(if signed {
+            ((n << shift) as i64) >> shift
+        } else {
+            n as i64
+        })
+    };
+    match marker {
+        Marker::FixArray(n) => array(input, usize::from(n)),
+        Marker::Array16 => {
+            let n = len(input, 2);
+            array(input, n)
+        }
+        Marker::Array32 => {
+            let n = len(input, 4);
+            array(input, n)
+        }
+        Marker::FixStr(n) => string(input, usize::from(n)),
+        Marker::Str8 | Marker::Bin8 => {
+            let n = len(input, 1);
+            string(input, n)
+        }
+        Marker::Str16 | Marker::Bin16 => {
+            let n = len(input, 2);
+            string(input, n)
+        }
+        Marker::Str32 | Marker::Bin32 => {
+            let n = len(input, 4);
+            string(input, n)
+        }
+        Marker::FixPos(n) => Value::Int(i64::from(n)),
+        Marker::FixNeg(n) => Value::Int(i64::from(n)),
+        Marker::U8 => int(input, 1, false),
+        Marker::U16 => int(input, 2, false),
+        Marker::U32 => int(input, 4, false),
+        Marker::U64 => int(input, 8, false),
+        Marker::I8 => int(input, 1, true),
+        Marker::I16 => int(input, 2, true),
+        Marker::I32 => int(input, 4, true),
+        Marker::I64 => int(input, 8, true),
+        other => panic!("unexpected msgpack marker {other:?}"),
+    }
+}
+
+/// A reply for a failure message: long strings by length and a checksum.
+fn brief(value: &Value) -> String {
+    match value {
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(brief).collect();
+            format!("[{}]", items.join(", "))
+        }
+        Value::BulkString(b) if b.len() > 16 => format!(
+            "<{} bytes, sum {}>",
+            b.len(),
+            b.iter().map(|&x| u64::from(x)).sum::<u64>()
+        ),
+        Value::BulkString(b) => format!("{:?}", String::from_utf8_lossy(b)),
+        other => format!("{other:?}"),
+    }
+}
+
+#[test]
+fn reserve_packs_its_jobs_as_msgpack_on_request_with_the_same_content() {
+    // Two topics with the same jobs, one reserved each way: same reply, field for field.
+    let prefix = common::unique("luaf");
+    let mut plain = Topic::under(prefix.clone(), "pack.plain");
+    let mut packed = Topic::under(prefix, "pack.packed");
+    let now = plain.now();
+    let body: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    let long_id = "i".repeat(250);
+    // In the future, so both topics hold the same due times (a past one becomes "now").
+    let at = (now + 300).to_string();
+    for t in [&mut plain, &mut packed] {
+        for (id, body, spec) in [
+            (long_id.as_bytes(), body.as_slice(), &b""[..]),
+            (b"short", b"", &b"every:60000"[..]),
+            ("\u{e9}t\u{e9}".as_bytes(), b"x", &b""[..]),
+        ] {
+            let args: [&[u8]; 10] = [
+                id,
+                body,
+                b"meta",
+                b"nx",
+                b"at",
+                at.as_bytes(),
+                b"31622400000",
+                b"1048576",
+                b"",
+                spec,
+            ];
+            let keys = t.keys();
+            t.run_with(&SCRIPTS, "put", &keys, &args).expect("put");
+        }
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    let mut plain_reply = arr(&plain.run("reserve", &["60000", "10"])).clone();
+    let mut packed_reply =
+        arr(&packed.run("reserve", &["60000", "10", "", "", "", "msgpack"])).clone();
+    let Value::BulkString(bytes) = packed_reply[2].clone() else {
+        panic!("jobs as one string: {:?}", packed_reply[2]);
+    };
+    let mut input = bytes.as_slice();
+    packed_reply[2] = from_msgpack(&mut input);
+    assert!(input.is_empty(), "nothing after the packed jobs");
+    assert_eq!(arr(&plain_reply[2]).len(), 3, "{plain_reply:?}");
+    // The clocks may differ by a millisecond.
+    plain_reply[0] = Value::Int(0);
+    packed_reply[0] = Value::Int(0);
+    assert!(
+        packed_reply == plain_reply,
+        "packed {} vs plain {}",
+        brief(&Value::Array(packed_reply.clone())),
+        brief(&Value::Array(plain_reply.clone()))
+    );
+    // Nothing due: an empty packed list.
+    let empty = packed.run("reserve", &["60000", "10", "", "", "", "msgpack"]);
+    assert_eq!(arr(&empty)[2], Value::BulkString(vec![0x90]));
 }
 
 #[test]

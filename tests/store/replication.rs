@@ -51,10 +51,20 @@ async fn store_on(url: &str, prefix: &str) -> Store {
 
 /// Messages ready in the commands queue (a passive declare). With the bridge stopped,
 /// these are exactly the commands it never acked: shutdown leaves a held batch unacked.
-async fn left_in_queue(broker: &Broker) -> u32 {
-    queue_depth(&broker.channel, &broker.config.amqp.commands_queue)
-        .await
-        .expect("passive declare of the commands queue")
+/// The commands queue's ready count once it reads `expected` or 5 s have passed: a
+/// quorum queue takes a stopped consumer's unacked messages back asynchronously, so a
+/// count read straight after the stop can miss them.
+async fn left_in_queue(broker: &Broker, expected: u32) -> u32 {
+    let deadline = Instant::now() + 5 * SECOND;
+    loop {
+        let depth = queue_depth(&broker.channel, &broker.config.amqp.commands_queue)
+            .await
+            .expect("passive declare of the commands queue");
+        if depth == expected || Instant::now() >= deadline {
+            return depth;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Polls `check` every 200 ms until it is true; fails with `what` after `within`.
@@ -245,7 +255,7 @@ async fn a_stalled_replica_holds_acks_and_http_answers_until_it_catches_up() {
     let (exit, _) = bridge.terminate();
     assert!(exit.success(), "{exit}");
     assert_eq!(
-        left_in_queue(&broker).await,
+        left_in_queue(&broker, 2).await,
         2,
         "a delete was acked while the replica was stalled:\n{}",
         tail(&log, 30)
@@ -277,7 +287,7 @@ async fn a_stalled_replica_holds_acks_and_http_answers_until_it_catches_up() {
     assert_eq!(accepted.status(), 201);
     let (exit, _) = bridge.terminate();
     assert!(exit.success(), "{exit}");
-    assert_eq!(left_in_queue(&broker).await, 0, "every command acked");
+    assert_eq!(left_in_queue(&broker, 0).await, 0, "every command acked");
     let jobs_key = KeySpace::new(config.redis.prefix.clone()).topic(&topic).0[2].clone();
     let ids: BTreeSet<String> = redis::cmd("HKEYS")
         .arg(&jobs_key)
@@ -461,7 +471,7 @@ async fn without_wait_replicas_no_wait_is_sent() {
     })
     .await;
     bridge.stop().await;
-    assert_eq!(left_in_queue(&broker).await, 0, "every command acked");
+    assert_eq!(left_in_queue(&broker, 0).await, 0, "every command acked");
     assert!(
         primary
             .info_field("commandstats", "cmdstat_evalsha")
@@ -540,7 +550,7 @@ async fn on_a_cluster_each_written_primary_waits_for_its_own_replica() {
     .await;
     bridge.stop().await;
     assert_eq!(
-        left_in_queue(&broker).await,
+        left_in_queue(&broker, 0).await,
         0,
         "commands for primaries with a live replica are acked"
     );
@@ -566,7 +576,7 @@ async fn on_a_cluster_each_written_primary_waits_for_its_own_replica() {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     bridge.stop().await;
     assert_eq!(
-        left_in_queue(&broker).await,
+        left_in_queue(&broker, 10).await,
         10,
         "a write to the primary with the stalled replica was acked"
     );
@@ -582,7 +592,7 @@ async fn on_a_cluster_each_written_primary_waits_for_its_own_replica() {
     )
     .await;
     bridge.stop().await;
-    assert_eq!(left_in_queue(&broker).await, 0, "every command acked");
+    assert_eq!(left_in_queue(&broker, 0).await, 0, "every command acked");
     cluster.kill(stalled_primary);
     let deadline = Instant::now() + 30 * SECOND;
     while cluster.masters().len() < 3 || !cluster.masters().contains(&stalled_replica) {

@@ -27,6 +27,8 @@ pub(super) async fn run(env: &Env, params: &Params) -> Result<Value> {
         &ingest::Params {
             commands: params.amqp_deletes,
             body_bytes: params.body_bytes,
+            partitions: 1,
+            bridges: 1,
         },
     )
     .await?;

@@ -30,6 +30,8 @@ pub(crate) struct Env {
     pub redis_url: String,
     pub amqp_url: String,
     pub bridge_bin: PathBuf,
+    /// `--bridge-set` keys: (section, key, value).
+    pub bridge_set: Vec<(String, String, Value)>,
 }
 
 impl Env {
@@ -38,6 +40,7 @@ impl Env {
         redis_url: String,
         amqp_url: String,
         bridge_bin: Option<PathBuf>,
+        bridge_set: &[String],
     ) -> Result<Self> {
         let bridge_bin = match bridge_bin {
             Some(path) => path,
@@ -51,11 +54,49 @@ impl Env {
                 bridge_bin.display()
             );
         }
-        Ok(Self {
+        let mut sets = Vec::new();
+        for set in bridge_set {
+            let (path, value) = set
+                .split_once('=')
+                .with_context(|| format!("--bridge-set {set}: expected section.key=value"))?;
+            let (section, key) = path
+                .split_once('.')
+                .with_context(|| format!("--bridge-set {set}: expected section.key=value"))?;
+            let value =
+                serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_string()));
+            sets.push((section.to_string(), key.to_string(), value));
+        }
+        let env = Self {
             redis_url,
             amqp_url,
             bridge_bin,
-        })
+            bridge_set: sets,
+        };
+        // Refused now, not in the middle of a run.
+        env.with_bridge_set(Config::default())?;
+        Ok(env)
+    }
+
+    /// `config` with the `--bridge-set` keys applied; an unknown key or a bad value is
+    /// an error naming it.
+    pub(crate) fn with_bridge_set(&self, config: Config) -> Result<Config> {
+        if self.bridge_set.is_empty() {
+            return Ok(config);
+        }
+        let mut tree = serde_json::to_value(&config)?;
+        for (section, key, value) in &self.bridge_set {
+            let slot = tree
+                .get_mut(section.as_str())
+                .and_then(|s| s.as_object_mut())
+                .and_then(|s| s.get_mut(key.as_str()))
+                .with_context(|| format!("--bridge-set: no configuration key {section}.{key}"))?;
+            *slot = value.clone();
+        }
+        let config: Config = serde_json::from_value(tree).context("--bridge-set")?;
+        config
+            .validate()
+            .map_err(|err| anyhow::anyhow!("--bridge-set: {err}"))?;
+        Ok(config)
     }
 }
 
@@ -84,7 +125,8 @@ pub(crate) struct Bridge {
 
 impl Bridge {
     pub(crate) fn start(env: &Env, config: &Config) -> Result<Self> {
-        let process = ChildBridge::spawn(&env.bridge_bin, config, Stdio::null(), Stdio::inherit())
+        let config = env.with_bridge_set(config.clone())?;
+        let process = ChildBridge::spawn(&env.bridge_bin, &config, Stdio::null(), Stdio::inherit())
             .with_context(|| format!("spawn {} run", env.bridge_bin.display()))?;
         Ok(Self {
             process,
@@ -182,7 +224,49 @@ pub(crate) struct CpuMark {
     rabbitmq: f64,
     redis: f64,
     bench: f64,
+    machine: MachineTicks,
     at: Instant,
+}
+
+/// The whole machine's CPU time by kind (`cpu` line of /proc/stat, in ticks) and its
+/// context switches so far: what no single process accounts for (softirq of the
+/// loopback traffic, the scheduler).
+#[derive(Clone, Copy, Default)]
+struct MachineTicks {
+    busy: u64,
+    idle: u64,
+    system: u64,
+    steal: u64,
+    switches: u64,
+}
+
+impl MachineTicks {
+    fn now() -> Self {
+        let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
+            return Self::default();
+        };
+        let mut ticks = Self::default();
+        for line in stat.lines() {
+            let mut fields = line.split_whitespace();
+            match fields.next() {
+                Some("cpu") => {
+                    // user nice system idle iowait irq softirq steal
+                    let v: Vec<u64> = fields.take(8).filter_map(|f| f.parse().ok()).collect();
+                    if v.len() == 8 {
+                        ticks.idle = v[3] + v[4];
+                        ticks.system = v[2] + v[5] + v[6];
+                        ticks.steal = v[7];
+                        ticks.busy = v[0] + v[1] + ticks.system;
+                    }
+                }
+                Some("ctxt") => {
+                    ticks.switches = fields.next().and_then(|f| f.parse().ok()).unwrap_or(0);
+                }
+                _ => {}
+            }
+        }
+        ticks
+    }
 }
 
 impl CpuMark {
@@ -191,6 +275,7 @@ impl CpuMark {
             rabbitmq: cpu_of_name("beam.smp"),
             redis: cpu_of_name("redis-server"),
             bench: cpu_seconds(std::process::id()).unwrap_or(0.0),
+            machine: MachineTicks::now(),
             at: Instant::now(),
         }
     }
@@ -206,6 +291,32 @@ impl CpuMark {
             "bench_process_us": us(end.bench - self.bench),
             "bridge_us": bridge_cpu.map(us),
             "note": "CPU per item of each process during the phase; RabbitMQ and Redis are shared with other users of this machine",
+        })
+    }
+}
+
+impl CpuMark {
+    /// Cores each process kept busy since `self` (CPU seconds / wall seconds; the
+    /// bridge's from its CPU seconds in the same span, if given), and the machine's
+    /// cores, to show where a steady load meets the machine's limit.
+    pub(crate) fn cores(&self, bridge_cpu: Option<f64>) -> Value {
+        let end = Self::now();
+        let wall = end.at.duration_since(self.at).as_secs_f64().max(1e-9);
+        let cores = |s: f64| round2(s / wall);
+        let (m0, m1) = (self.machine, end.machine);
+        let total = (m1.busy + m1.idle + m1.steal).saturating_sub(m0.busy + m0.idle + m0.steal);
+        let share = |a: u64, b: u64| round2(a.saturating_sub(b) as f64 / total.max(1) as f64);
+        json!({
+            "machine_idle": share(m1.idle, m0.idle),
+            "machine_system": share(m1.system, m0.system),
+            "machine_steal": share(m1.steal, m0.steal),
+            "context_switches_per_s": (m1.switches.saturating_sub(m0.switches) as f64 / wall).round(),
+            "wall_seconds": round2(wall),
+            "rabbitmq": cores(end.rabbitmq - self.rabbitmq),
+            "redis": cores(end.redis - self.redis),
+            "bench_process": cores(end.bench - self.bench),
+            "bridge": bridge_cpu.map(cores),
+            "machine_cores": std::thread::available_parallelism().map_or(0, usize::from),
         })
     }
 }
@@ -321,6 +432,27 @@ pub(crate) async fn queue_depth(channel: &Channel, queue: &str) -> Result<u32> {
         .with_context(|| format!("inspect queue {queue}"))
 }
 
+/// The queues commands wait in: the one commands queue, or with command partitions the
+/// route queue and every partition.
+pub(crate) fn commands_queues(amqp: &redisched::config::AmqpConfig) -> Vec<String> {
+    if amqp.command_partitions <= 1 {
+        return vec![amqp.commands_queue.clone()];
+    }
+    std::iter::once(redisched::amqp::route_queue(amqp))
+        .chain((0..amqp.command_partitions).map(|k| redisched::amqp::partition_queue(amqp, k)))
+        .collect()
+}
+
+/// Whether every one of `queues` holds no ready message.
+pub(crate) async fn queues_empty(channel: &Channel, queues: &[String]) -> Result<bool> {
+    for queue in queues {
+        if queue_depth(channel, queue).await? > 0 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// Consumers of a queue (passive declare).
 pub(crate) async fn queue_consumers(channel: &Channel, queue: &str) -> Result<u32> {
     let passive = QueueDeclareOptions {
@@ -346,20 +478,24 @@ pub(crate) struct Cleanup {
 impl Cleanup {
     pub(crate) fn for_config(config: &Config) -> Self {
         let a = &config.amqp;
+        let mut queues = commands_queues(a);
+        queues.extend([a.invalid_queue.clone(), a.expired_queue.clone()]);
+        let mut exchanges = vec![
+            a.commands_exchange.clone(),
+            a.invalid_exchange.clone(),
+            a.expired_exchange.clone(),
+            a.ready_exchange.clone(),
+        ];
+        if a.command_partitions > 1 {
+            exchanges.extend(
+                (0..a.command_partitions).map(|k| redisched::amqp::partition_exchange(a, k)),
+            );
+        }
         Self {
             amqp_url: a.url.clone(),
             redis_url: config.redis.url.clone(),
-            queues: vec![
-                a.commands_queue.clone(),
-                a.invalid_queue.clone(),
-                a.expired_queue.clone(),
-            ],
-            exchanges: vec![
-                a.commands_exchange.clone(),
-                a.invalid_exchange.clone(),
-                a.expired_exchange.clone(),
-                a.ready_exchange.clone(),
-            ],
+            queues,
+            exchanges,
             prefixes: vec![config.redis.prefix.clone()],
         }
     }

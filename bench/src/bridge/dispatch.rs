@@ -31,6 +31,8 @@ pub(super) struct Params {
     pub body_bytes: usize,
     /// Confirm window of the bridge (`dispatch.window`) and of the ceiling publisher.
     pub window: usize,
+    /// Confirm channels of the bridge (`dispatch.channels`).
+    pub channels: usize,
     /// Bridge processes sharing the work (several bridges scale out dispatch).
     pub bridges: usize,
     /// Which `history.max_per_topic` settings to measure.
@@ -42,13 +44,14 @@ pub(super) struct Params {
 pub(super) async fn run(env: &Env, params: &Params) -> Result<Value> {
     let mut config = common::bench_config(env, "dispatch");
     config.dispatch.window = params.window;
+    config.dispatch.channels = params.channels;
     let name = config.redis.prefix.clone();
     let mut cleanup = Cleanup::for_config(&config);
     CeilingPath::clean_up(&mut cleanup, &name);
     cleanup.queues.push(format!("{name}.sink"));
     eprintln!(
-        "dispatch: {} jobs of {} bytes (names {name}.*)",
-        params.jobs, params.body_bytes
+        "dispatch: {} jobs of {} bytes, {} confirm channel(s) (names {name}.*)",
+        params.jobs, params.body_bytes, params.channels
     );
     let result = measure(env, params, &config, &name).await;
     cleanup.run().await;
@@ -186,6 +189,7 @@ async fn measure(
         "jobs": n,
         "body_bytes": params.body_bytes,
         "window": window,
+        "channels": params.channels,
         "bridges": params.bridges,
         "bridge": {
             "history_max": shown.history_max,

@@ -97,12 +97,17 @@ pub(crate) struct RunArgs {
     /// Precision rates, jobs/s [default: 100,1000,5000; quick 100,1000].
     #[arg(long, value_delimiter = ',')]
     pub rates: Option<Vec<u64>>,
-    /// Seconds of steady load per rate [default: 20; quick 3].
+    /// Seconds of steady load measured per rate, after the warm-up [default: 30; quick 3].
     #[arg(long)]
     pub seconds: Option<f64>,
     /// Random delays are 0..=this many ms [default: 10000; quick 2000].
     #[arg(long)]
     pub max_delay_ms: Option<u64>,
+    /// Precision and peer: load before the measured `--seconds`, so that jobs go out at
+    /// the full rate while commands come in at it (steady state); jobs due in it are
+    /// delivered and checked but not counted [default: the longest delay].
+    #[arg(long)]
+    pub warm_up_ms: Option<u64>,
     /// Jobs all due at once in the catchup scenario (about 430 MB of Redis per 1,000,000
     /// at 200-byte bodies; checked before loading) [default: 1000000; quick 20000].
     #[arg(long)]
@@ -113,9 +118,17 @@ pub(crate) struct RunArgs {
     /// Confirm window of the bridge and of the ceiling publishers (dispatch, catchup).
     #[arg(long, default_value_t = 1000)]
     pub window: usize,
-    /// Bridge processes dispatching together (dispatch); CPU and RSS are the first's.
+    /// Confirm channels of the dispatching bridge (`dispatch.channels`; dispatch).
+    #[arg(long, default_value_t = 1)]
+    pub channels: usize,
+    /// Bridge processes dispatching (dispatch) or ingesting (ingest) together; CPU and
+    /// RSS are the first's.
     #[arg(long, default_value_t = 1)]
     pub bridges: usize,
+    /// `amqp.command_partitions` of the ingesting bridges (ingest): commands wait in the
+    /// route queue and each bridge's router and lanes apply them.
+    #[arg(long, default_value_t = 1)]
+    pub partitions: u16,
     /// Outcome history of the dispatching bridge (`history.max_per_topic`):
     /// `both` alternates the default cap (1000) and 0 in one run, `--runs` rounds.
     #[arg(long, value_enum, default_value_t = common::HistoryChoice::Both)]
@@ -186,6 +199,11 @@ pub(crate) struct RunArgs {
     /// The `redisched` binary to run as the bridge [default: beside this executable].
     #[arg(long)]
     pub bridge_bin: Option<PathBuf>,
+    /// A configuration key of every bridge the scenarios start, as `section.key=value`
+    /// (`ingest.prefetch=2000`; the value as JSON, else as text); repeatable. Set after
+    /// the scenario's own settings, so it wins over them.
+    #[arg(long = "bridge-set", value_name = "KEY=VALUE")]
+    pub bridge_set: Vec<String>,
 }
 
 /// Bridge passes per history side of `dispatch` when `--runs` is not given.
@@ -205,6 +223,7 @@ impl RunArgs {
             jobs: self.pick(&self.jobs, 200_000, 10_000),
             body_bytes: self.body_bytes,
             window: self.window,
+            channels: self.channels.max(1),
             bridges: self.bridges.max(1),
             history: self.history,
             runs: passes.max(1),
@@ -214,15 +233,21 @@ impl RunArgs {
         ingest::Params {
             commands: self.pick(&self.commands, 200_000, 10_000),
             body_bytes: self.body_bytes,
+            partitions: self.partitions.max(1),
+            bridges: self.bridges.max(1),
         }
     }
     fn precision(&self) -> precision::Params {
         precision::Params {
             rates: self.pick(&self.rates, vec![100, 1000, 5000], vec![100, 1000]),
-            seconds: self.pick(&self.seconds, 20.0, 3.0),
-            max_delay_ms: self.pick(&self.max_delay_ms, 10_000, 2_000),
+            seconds: self.pick(&self.seconds, 30.0, 3.0),
+            max_delay_ms: self.max_delay(),
+            warm_up_ms: self.warm_up_ms.unwrap_or(self.max_delay()),
             body_bytes: self.body_bytes,
         }
+    }
+    fn max_delay(&self) -> u64 {
+        self.pick(&self.max_delay_ms, 10_000, 2_000)
     }
     fn cancel(&self) -> cancel::Params {
         cancel::Params {
@@ -243,8 +268,9 @@ impl RunArgs {
         peer::Params {
             jobs: self.pick(&self.peer_jobs, 100_000, 5_000),
             rates: self.pick(&self.peer_rates, vec![1000, 5000], vec![1000]),
-            seconds: self.pick(&self.seconds, 20.0, 3.0),
-            max_delay_ms: self.pick(&self.max_delay_ms, 10_000, 2_000),
+            seconds: self.pick(&self.seconds, 30.0, 3.0),
+            max_delay_ms: self.max_delay(),
+            warm_up_ms: self.warm_up_ms.unwrap_or(self.max_delay()),
             // As the store's memory figure: 100-byte bodies, 20-byte ids.
             body_bytes: 100,
             redis_url: self.redis_url.clone(),
@@ -268,6 +294,7 @@ impl RunArgs {
             self.redis_url.clone(),
             self.amqp_url.clone(),
             self.bridge_bin.clone(),
+            &self.bridge_set,
         )
     }
 }

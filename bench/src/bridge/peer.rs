@@ -11,6 +11,7 @@ pub(super) struct Params {
     pub rates: Vec<u64>,
     pub seconds: f64,
     pub max_delay_ms: u64,
+    pub warm_up_ms: u64,
     pub body_bytes: usize,
     pub redis_url: String,
 }
@@ -46,6 +47,7 @@ pub(super) async fn run(params: &Params) -> Result<Value> {
         .args(["--rates", &rates.join(",")])
         .args(["--seconds", &params.seconds.to_string()])
         .args(["--max-delay-ms", &params.max_delay_ms.to_string()])
+        .args(["--warm-up-ms", &params.warm_up_ms.to_string()])
         .args(["--body-bytes", &params.body_bytes.to_string()])
         .args(["--redis", &params.redis_url])
         .stdout(Stdio::piped())

@@ -2,6 +2,13 @@
 //! through the bridge's real commands exchange and queue (production defaults: quorum,
 //! single active consumer), measured end to end by a consumer on the ready exchange.
 //!
+//! **Steady state.** Commands are published for `warm_up_ms` (default: the longest delay)
+//! plus `seconds`, and only jobs due within the last `seconds` of publishing are counted
+//! (every job is still delivered and checked): from the warm-up on, jobs fall due at the
+//! full rate while commands still come in at it, the state in which ingest and dispatch
+//! share the machine. Before it, dispatch is still ramping up; after publishing stops,
+//! ingest is idle.
+//!
 //! Two lateness figures per job:
 //! - **vs `x-redisched-due-at`**: arrival minus the due time the bridge computed when it
 //!   applied the command: what dispatch adds;
@@ -15,7 +22,10 @@
 //! relay queue with the commands queue's arguments → a relay in this process that holds
 //! each message until publish instant + delay (a timer, ms resolution like the store),
 //! then publishes it (confirmed, persistent, `mandatory`, the bridge's window) to the
-//! ready exchange → the same consumer, measured against the producer's clock. Its
+//! ready exchange → the same consumer, measured against the producer's clock. The relay
+//! has a connection for each direction, as the bridge has for ingest and dispatch, so its
+//! publishes never queue behind its own consumer's traffic (a relay sharing the
+//! producer's and consumer's connection fell a second behind at 5,000/s in steady state). Its
 //! second hop alone, measured against the relay's own target time, is the **one-hop
 //! floor** (timer → publish → consume) that earlier versions measured in a pass of their
 //! own; it is now taken from the two-hop pass, which halves the floor's time.
@@ -40,13 +50,15 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 
 use super::common::{
-    self, Arrival, Bridge, Cleanup, CommandRoute, Env, Lateness, Paced, Sink, Ticker,
+    self, Arrival, Bridge, Cleanup, CommandRoute, CpuMark, Env, Lateness, Paced, Sink, Ticker,
 };
 
 pub(super) struct Params {
     pub rates: Vec<u64>,
     pub seconds: f64,
     pub max_delay_ms: u64,
+    /// Load before the measured seconds (module docs).
+    pub warm_up_ms: u64,
     pub body_bytes: usize,
 }
 
@@ -58,8 +70,8 @@ pub(super) async fn run(env: &Env, params: &Params) -> Result<Value> {
     cleanup.queues.push(format!("{name}.relay"));
     cleanup.exchanges.push(format!("{name}.relay"));
     eprintln!(
-        "precision: rates {:?}/s for {} s each, delays 0-{} ms (names {name}.*)",
-        params.rates, params.seconds, params.max_delay_ms
+        "precision: rates {:?}/s, {} ms of warm-up then {} s measured each, delays 0-{} ms (names {name}.*)",
+        params.rates, params.warm_up_ms, params.seconds, params.max_delay_ms
     );
     let result = measure(env, params, &config, &name).await;
     cleanup.run().await;
@@ -112,7 +124,8 @@ async fn measure(
     let wait = Duration::from_millis(params.max_delay_ms) + Duration::from_secs(60);
     let mut results = Vec::new();
     for &rate in &params.rates {
-        let total = (rate as f64 * params.seconds).round() as u64;
+        let publishing_s = params.seconds + params.warm_up_ms as f64 / 1000.0;
+        let total = (rate as f64 * publishing_s).round() as u64;
         let label = format!("{rate}/s");
         // One schedule per rate, run through the bridge and then through the floor.
         let delays: Vec<i64> = (0..total)
@@ -124,6 +137,9 @@ async fn measure(
             body: &body,
         };
 
+        let start_us = common::now_us();
+        let cpu = CpuMark::now();
+        let bridge_cpu = bridge.cpu_seconds();
         let paced = schedule
             .publish(
                 &producer,
@@ -134,6 +150,12 @@ async fn measure(
             )
             .await?;
         let arrivals = collect(&mut sink, total, wait, Some(&mut bridge), &label).await?;
+        let bridge_cpu = bridge
+            .cpu_seconds()
+            .zip(bridge_cpu)
+            .map(|(end, start)| end - start);
+        let busy = cpu.cores(bridge_cpu);
+        let arrivals = params.steady(&arrivals, start_us);
         let vs_due_at = lateness_of(&arrivals, Arrival::vs_due_at_ms, "x-redisched-due-at")?;
         let vs_producer = lateness_of(&arrivals, Arrival::vs_producer_ms, "producer clock")?;
         let shift = lateness_of(&arrivals, apply_shift_ms, "apply shift")?;
@@ -151,7 +173,15 @@ async fn measure(
         );
 
         let floor = relay
-            .floor(&connection, &producer, &mut sink, &schedule, wait, &label)
+            .floor(
+                &env.amqp_url,
+                &producer,
+                &mut sink,
+                &schedule,
+                params,
+                wait,
+                &label,
+            )
             .await?;
         eprintln!(
             "\r  {label} floor, two hops (publish -> relay queue -> timer -> publish -> consume, no Redis): vs producer clock p50 {} / p99 {} / max {} ms; its second hop alone: p50 {} / p99 {} / max {} ms",
@@ -171,6 +201,7 @@ async fn measure(
         results.push(json!({
             "rate_per_s": rate,
             "jobs": total,
+            "measured_jobs": arrivals.len(),
             "achieved_publish_rate_per_s": paced.achieved_rate.round(),
             "publisher_max_behind": paced.behind_max,
             "lateness_ms": vs_due_at.stats,
@@ -179,6 +210,8 @@ async fn measure(
             "floor_lateness_ms": floor.one_hop.stats,
             "floor_two_hop_lateness_ms": floor.two_hop.stats,
             "floor_publish_rate_per_s": floor.paced.achieved_rate.round(),
+            "cores_busy": busy,
+            "floor_cores_busy": floor.busy,
             "target_p99_ms": target,
             "target_applies_to": "lateness_producer_clock_ms",
             "cdf": cdf_points(&vs_due_at.sorted),
@@ -192,6 +225,8 @@ async fn measure(
     let _ = connection.close(200, "bye".into()).await;
     Ok(json!({
         "seconds_per_rate": params.seconds,
+        "warm_up_ms": params.warm_up_ms,
+        "measured": "jobs whose producer-clock due time (publish + x-delay) falls in the last seconds_per_rate of publishing, after warm_up_ms: ingest and dispatch both at the full rate",
         "max_delay_ms": params.max_delay_ms,
         "body_bytes": params.body_bytes,
         "commands_queue": if config.amqp.quorum_queues { "quorum, single active consumer" } else { "classic, single active consumer" },
@@ -205,6 +240,23 @@ async fn measure(
         "bridge_rss_kib_after": rss,
         "rates": results,
     }))
+}
+
+impl Params {
+    /// The arrivals of jobs due (on the producer's clock) in the measured seconds of a
+    /// pass whose publishing started at `start_us` (module docs).
+    fn steady(&self, arrivals: &[Arrival], start_us: i64) -> Vec<Arrival> {
+        let from = start_us + self.warm_up_ms as i64 * 1000;
+        let to = from + (self.seconds * 1e6) as i64;
+        arrivals
+            .iter()
+            .filter(|a| {
+                a.producer_due_us
+                    .is_some_and(|due| (from..to).contains(&due))
+            })
+            .copied()
+            .collect()
+    }
 }
 
 /// One rate's schedule: job `i` is published at `i / rate` s with `delays[i]` ms.
@@ -305,24 +357,30 @@ struct RelayPath {
 
 struct Floor {
     paced: Paced,
+    /// Cores each process kept busy during the pass.
+    busy: Value,
     two_hop: Measured,
     one_hop: Measured,
 }
 
 impl RelayPath {
     /// Runs `schedule` through two broker hops and the relay (see the module docs).
+    #[allow(clippy::too_many_arguments)]
     async fn floor(
         &self,
-        connection: &Connection,
+        amqp_url: &str,
         producer: &Channel,
         sink: &mut Sink,
         schedule: &Schedule<'_>,
+        params: &Params,
         wait: Duration,
         label: &str,
     ) -> Result<Floor> {
-        let relay = Relay::start(connection, self).await?;
+        let relay = Relay::start(amqp_url, self).await?;
         let label = format!("{label} floor");
         // The relay stops whatever happens, so no task outlives the pass.
+        let start_us = common::now_us();
+        let cpu = CpuMark::now();
         let outcome = async {
             let paced = schedule
                 .publish(producer, &self.exchange, "floor", "floor", &label)
@@ -331,13 +389,16 @@ impl RelayPath {
             Ok::<_, anyhow::Error>((paced, arrivals))
         }
         .await;
+        let busy = cpu.cores(None);
         let refused = relay.stop().await;
         let (paced, arrivals) = outcome?;
+        let arrivals = params.steady(&arrivals, start_us);
         if refused > 0 {
             bail!("{label}: the broker refused {refused} of the relay's publishes");
         }
         Ok(Floor {
             paced,
+            busy,
             two_hop: lateness_of(&arrivals, Arrival::vs_producer_ms, "producer clock")?,
             one_hop: lateness_of(&arrivals, Arrival::vs_due_at_ms, "relay due-at")?,
         })
@@ -348,8 +409,8 @@ impl RelayPath {
 /// time, then publishes it like the bridge publishes a due job.
 struct Relay {
     task: tokio::task::JoinHandle<Result<()>>,
-    consume: Channel,
-    publish: Channel,
+    /// One connection for what comes in, one for what goes out.
+    connections: [Connection; 2],
     refused: Arc<AtomicU64>,
 }
 
@@ -361,8 +422,10 @@ struct Held {
 }
 
 impl Relay {
-    async fn start(connection: &Connection, path: &RelayPath) -> Result<Self> {
-        let consume = connection.create_channel().await?;
+    async fn start(amqp_url: &str, path: &RelayPath) -> Result<Self> {
+        let incoming = common::amqp(amqp_url).await?;
+        let outgoing = common::amqp(amqp_url).await?;
+        let consume = incoming.create_channel().await?;
         let mut consumer = consume
             .basic_consume(
                 path.queue.as_str().into(),
@@ -377,7 +440,7 @@ impl Relay {
             )
             .await
             .with_context(|| format!("consume {}", path.queue))?;
-        let publish = connection.create_channel().await?;
+        let publish = outgoing.create_channel().await?;
         publish
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
@@ -447,8 +510,7 @@ impl Relay {
         });
         Ok(Self {
             task,
-            consume,
-            publish,
+            connections: [incoming, outgoing],
             refused,
         })
     }
@@ -458,8 +520,9 @@ impl Relay {
     async fn stop(self) -> u64 {
         self.task.abort();
         let _ = self.task.await;
-        let _ = self.consume.close(200, "done".into()).await;
-        let _ = self.publish.close(200, "done".into()).await;
+        for connection in &self.connections {
+            let _ = connection.close(200, "done".into()).await;
+        }
         self.refused.load(Ordering::Relaxed)
     }
 }

@@ -134,7 +134,12 @@ async fn one_round(args: &TenMillionArgs, sizes: &Sizes, round: usize) -> Result
         node.url(),
         node.pid()
     );
-    let env = Env::new(node.url(), args.amqp_url.clone(), args.bridge_bin.clone())?;
+    let env = Env::new(
+        node.url(),
+        args.amqp_url.clone(),
+        args.bridge_bin.clone(),
+        &[],
+    )?;
     let config = common::bench_config(&env, "tenm");
     let result = measure_round(args, sizes, &env, &config, &node).await;
     // The catch-up cleans its names up itself; this covers a failure before it.

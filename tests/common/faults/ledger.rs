@@ -391,7 +391,9 @@ async fn collect(
     ready: tokio::sync::oneshot::Sender<()>,
 ) {
     let mut ready = Some(ready);
+    let step = Step::watch(&queue, &stop);
     while !stop.is_cancelled() {
+        step.set(Step::OPEN);
         let open = async {
             let conn = Connection::connect(&url, ConnectionProperties::default()).await?;
             let channel = conn.create_channel().await?;
@@ -438,16 +440,21 @@ async fn collect(
         }
         let mut watchdog = tokio::time::interval(Duration::from_secs(2));
         let mut delivered_since_check = true;
+        let mut probe = Probe::default();
         loop {
+            step.set(Step::WAIT);
             let next = tokio::select! {
                 _ = stop.cancelled() => break,
                 next = consumer.next() => next,
                 _ = watchdog.tick() => {
+                    step.set(Step::CHECK);
                     // Seen in chaos runs (seed 9025526375595624724, at +417 s of a
                     // 10-minute run): after a broker restart the replies stopped arriving
                     // for the rest of the run while bridges kept answering; cause unknown. Whatever the cause, a consumer the queue does not
                     // know, or messages waiting while nothing arrives, means reconnect.
                     let stuck = consumer_stuck(&channel, &queue, delivered_since_check).await;
+                    step.set(Step::PROBE);
+                    probe.tick(&channel, &queue, delivered_since_check).await;
                     delivered_since_check = false;
                     if let Some(why) = stuck {
                         eprintln!("collector {queue}: {why}; consuming again");
@@ -457,6 +464,11 @@ async fn collect(
                 }
             };
             let Some(Ok(delivery)) = next else { break };
+            step.set(Step::RECORD);
+            if probe.arrived(&queue, &delivery) {
+                let _ = delivery.ack(BasicAckOptions::default()).await;
+                continue;
+            }
             delivered_since_check = true;
             seen.lock().unwrap().push(Seen {
                 at: now_ms(),
@@ -471,10 +483,136 @@ async fn collect(
                     .as_ref()
                     .map(|c| c.to_string()),
             });
-            // A lost ack only means the broker redelivers (flagged `redelivered`).
-            let _ = delivery.ack(BasicAckOptions::default()).await;
+            // A lost ack only means the broker redelivers (flagged `redelivered`); one
+            // that does not complete means a dead link: consume again.
+            step.set(Step::ACK);
+            let ack = delivery.ack(BasicAckOptions::default());
+            if tokio::time::timeout(Duration::from_secs(5), ack)
+                .await
+                .is_err()
+            {
+                eprintln!("collector {queue}: an ack did not complete within 5 s; consuming again");
+                break;
+            }
         }
+        step.set(Step::CLOSE);
         let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, "bye".into())).await;
+    }
+}
+
+/// Where a collector's loop is, watched from a thread of its own: a loop that stays in
+/// one step for 30 s is reported with that step's name (a chaos run saw replies stop
+/// for good while no check of the loop reported anything).
+#[derive(Clone)]
+struct Step {
+    at: Arc<std::sync::atomic::AtomicUsize>,
+    since: Arc<Mutex<Instant>>,
+}
+
+impl Step {
+    const OPEN: usize = 0;
+    const WAIT: usize = 1;
+    const CHECK: usize = 2;
+    const PROBE: usize = 3;
+    const RECORD: usize = 4;
+    const ACK: usize = 5;
+    const CLOSE: usize = 6;
+    const NAMES: [&'static str; 7] = [
+        "opening the connection",
+        "waiting for a delivery or the watchdog",
+        "checking the queue",
+        "probing the queue",
+        "recording a delivery",
+        "acking a delivery",
+        "closing the connection",
+    ];
+
+    fn watch(queue: &str, stop: &CancellationToken) -> Self {
+        let step = Self {
+            at: Arc::default(),
+            since: Arc::new(Mutex::new(Instant::now())),
+        };
+        let (watched, queue, stop) = (step.clone(), queue.to_string(), stop.clone());
+        std::thread::spawn(move || {
+            let mut reported = false;
+            while !stop.is_cancelled() {
+                std::thread::sleep(Duration::from_secs(5));
+                let stalled = watched.since.lock().unwrap().elapsed();
+                let at = watched.at.load(std::sync::atomic::Ordering::Relaxed);
+                if stalled > Duration::from_secs(30) && !reported {
+                    eprintln!(
+                        "collector {queue}: its loop has been {} for {stalled:?}",
+                        Self::NAMES[at]
+                    );
+                    reported = true;
+                } else if stalled <= Duration::from_secs(30) {
+                    reported = false;
+                }
+            }
+        });
+        step
+    }
+
+    fn set(&self, at: usize) {
+        self.at.store(at, std::sync::atomic::Ordering::Relaxed);
+        *self.since.lock().unwrap() = Instant::now();
+    }
+}
+
+/// After a long silence, a message the collector publishes to its own queue (default
+/// exchange) tells whether the queue still delivers: if the probe arrives while the
+/// bridges' messages do not, the silence is on their side; if it does not, the queue's.
+/// Probes are printed, never recorded.
+#[derive(Default)]
+struct Probe {
+    quiet_ticks: u32,
+    sent: Option<Instant>,
+    next: u64,
+}
+
+impl Probe {
+    const QUIET_TICKS: u32 = 10;
+    const PREFIX: &'static str = "collector-probe-";
+
+    async fn tick(&mut self, channel: &Channel, queue: &str, delivered: bool) {
+        self.quiet_ticks = if delivered { 0 } else { self.quiet_ticks + 1 };
+        if let Some(sent) = self.sent {
+            if sent.elapsed() > Duration::from_secs(10) {
+                eprintln!("collector {queue}: probe not delivered within 10 s: the queue itself does not deliver");
+                self.sent = None;
+            }
+            return;
+        }
+        if self.quiet_ticks < Self::QUIET_TICKS {
+            return;
+        }
+        self.quiet_ticks = 0;
+        self.next += 1;
+        let props = BasicProperties::default()
+            .with_message_id(format!("{}{}", Self::PREFIX, self.next).into());
+        let publish = channel.basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            b"probe",
+            props,
+        );
+        match tokio::time::timeout(Duration::from_secs(5), publish).await {
+            Ok(Ok(_)) => self.sent = Some(Instant::now()),
+            Ok(Err(err)) => eprintln!("collector {queue}: probe publish failed: {err}"),
+            Err(_) => eprintln!("collector {queue}: probe publish did not complete within 5 s"),
+        }
+    }
+
+    fn arrived(&mut self, queue: &str, delivery: &lapin::message::Delivery) -> bool {
+        if !message_id(delivery).starts_with(Self::PREFIX) {
+            return false;
+        }
+        match self.sent.take() {
+            Some(sent) => eprintln!("collector {queue}: silent 20 s, but a probe arrived after {:?}: the queue delivers", sent.elapsed()),
+            None => eprintln!("collector {queue}: a late probe arrived"),
+        }
+        true
     }
 }
 
