@@ -105,43 +105,45 @@ async fn route(
     landed
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broker_restart_keeps_every_id_on_its_partition() {
-    init_logging();
-    let node = PrivateRabbit::start().unwrap_or_else(|e| panic!("private RabbitMQ node: {e}"));
-    let mut config = fault_config("chxrestart");
-    config.amqp.command_partitions = PARTITIONS;
-    config.amqp.url = node.url();
-    let (connection, channel) = open(&node.url()).await;
-    redisched::amqp::declare_topology(&channel, &config.amqp)
-        .await
-        .expect("declare the partitioned topology");
-    let before = route(&connection, &channel, &config).await;
-    for (id, k) in &before {
-        assert_eq!(
-            *k,
-            redisched::amqp::partition_of(id.as_bytes(), PARTITIONS),
-            "{id}"
-        );
-    }
-    drop((channel, connection));
-    for restart in 1..=RESTARTS {
-        node.ctl_ok(&["stop_app"]);
-        node.ctl_ok(&["start_app"]);
+#[test]
+fn a_broker_restart_keeps_every_id_on_its_partition() {
+    bounded(FAULT_TEST_LIMIT, async {
+        init_logging();
+        let node = PrivateRabbit::start().unwrap_or_else(|e| panic!("private RabbitMQ node: {e}"));
+        let mut config = fault_config("chxrestart");
+        config.amqp.command_partitions = PARTITIONS;
+        config.amqp.url = node.url();
         let (connection, channel) = open(&node.url()).await;
-        let after = route(&connection, &channel, &config).await;
-        let moved: BTreeMap<u16, BTreeMap<u16, usize>> =
-            before.iter().fold(BTreeMap::new(), |mut moved, (id, k)| {
-                if after[id] != *k {
-                    *moved.entry(*k).or_default().entry(after[id]).or_default() += 1;
-                }
-                moved
-            });
-        let count: usize = moved.values().flat_map(BTreeMap::values).sum();
-        println!("[chxrestart] after restart {restart}: {count} of {IDS} ids on another partition (from -> to: count) {moved:?}");
-        assert_eq!(
+        redisched::amqp::declare_topology(&channel, &config.amqp)
+            .await
+            .expect("declare the partitioned topology");
+        let before = route(&connection, &channel, &config).await;
+        for (id, k) in &before {
+            assert_eq!(
+                *k,
+                redisched::amqp::partition_of(id.as_bytes(), PARTITIONS),
+                "{id}"
+            );
+        }
+        drop((channel, connection));
+        for restart in 1..=RESTARTS {
+            node.ctl_ok(&["stop_app"]);
+            node.ctl_ok(&["start_app"]);
+            let (connection, channel) = open(&node.url()).await;
+            let after = route(&connection, &channel, &config).await;
+            let moved: BTreeMap<u16, BTreeMap<u16, usize>> =
+                before.iter().fold(BTreeMap::new(), |mut moved, (id, k)| {
+                    if after[id] != *k {
+                        *moved.entry(*k).or_default().entry(after[id]).or_default() += 1;
+                    }
+                    moved
+                });
+            let count: usize = moved.values().flat_map(BTreeMap::values).sum();
+            println!("[chxrestart] after restart {restart}: {count} of {IDS} ids on another partition (from -> to: count) {moved:?}");
+            assert_eq!(
             count, 0,
             "restart {restart} moved {count} of {IDS} ids to another partition (from -> to: count): {moved:?}"
         );
-    }
+        }
+    });
 }

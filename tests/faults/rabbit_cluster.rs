@@ -87,147 +87,149 @@ fn bridge_connections(node: &PrivateRabbit) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_loss_in_a_three_node_cluster_loses_nothing() {
-    init_logging();
-    let (nodes, took) = start_cluster();
-    println!("[rcluster] 3-node cluster formed in {took:?}");
-    let urls: Vec<String> = nodes.iter().map(|n| n.url()).collect();
+#[test]
+fn node_loss_in_a_three_node_cluster_loses_nothing() {
+    bounded(FAULT_TEST_LIMIT, async {
+        init_logging();
+        let (nodes, took) = start_cluster();
+        println!("[rcluster] 3-node cluster formed in {took:?}");
+        let urls: Vec<String> = nodes.iter().map(|n| n.url()).collect();
 
-    let mut config = test_config("rcluster");
-    config.amqp.url = urls.join(",");
-    config.dispatch.ttr_ms = 3_000;
-    config.dispatch.window = 200;
-    config.dispatch.batch = 100;
-    config.ingest.prefetch = 200;
-    config.ingest.batch = 100;
-    config.amqp.heartbeat_secs = 2;
-    let store = common::TestStore {
-        store: common::test_store_named(&config.redis.prefix).await,
-        prefix: config.redis.prefix.clone(),
-    };
+        let mut config = test_config("rcluster");
+        config.amqp.url = urls.join(",");
+        config.dispatch.ttr_ms = 3_000;
+        config.dispatch.window = 200;
+        config.dispatch.batch = 100;
+        config.ingest.prefetch = 200;
+        config.ingest.batch = 100;
+        config.amqp.heartbeat_secs = 2;
+        let store = common::TestStore {
+            store: common::test_store_named(&config.redis.prefix).await,
+            prefix: config.redis.prefix.clone(),
+        };
 
-    // The bridge first: it declares the commands queue on node 1, which leads it.
-    let bridge = InProcess::start(&config);
-    let probe = connect_to(&urls[1]).await;
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    let deadline = Instant::now() + 30 * SECOND;
-    loop {
-        // A failed passive declare closes the channel: a new one each time.
-        let ch = probe.create_channel().await.expect("channel");
-        let consumers = ch
-            .queue_declare(
-                config.amqp.commands_queue.as_str().into(),
-                passive,
-                FieldTable::default(),
-            )
-            .await
-            .map(|q| q.consumer_count())
-            .unwrap_or(0);
-        if consumers > 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the bridge did not consume within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let queue = config.amqp.commands_queue.clone();
-    let before = queue_leader(&nodes[1], &queue);
-    println!("[rcluster] commands queue before: {before}");
-    println!(
-        "[rcluster] bridge connections before: {:?}",
-        bridge_connections(&nodes[1])
-    );
-
-    let collector = Collector::start(&urls[2], &config).await;
-    let stop = CancellationToken::new();
-    let load = spawn_load(
-        Producer::new(&urls[1], &config),
-        10,
-        3_000,
-        Duration::from_millis(50),
-        stop.clone(),
-    );
-    tokio::time::sleep(4 * SECOND).await;
-
-    // SIGKILL node 1: the bridge's node and the queue's leader.
-    let pid = nodes[0]
-        .ctl(&["eval", "os:getpid()."])
-        .expect("node 1 pid")
-        .trim()
-        .trim_matches('"')
-        .to_string();
-    let killed_at = now_ms();
-    let status = std::process::Command::new("kill")
-        .args(["-9", &pid])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill -9 {pid}");
-    println!("[rcluster] killed node 1 ({}, pid {pid})", nodes[0].node);
-
-    let recovered = async {
+        // The bridge first: it declares the commands queue on node 1, which leads it.
+        let bridge = InProcess::start(&config);
+        let probe = connect_to(&urls[1]).await;
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let deadline = Instant::now() + 30 * SECOND;
         loop {
-            if let Some(at) = collector.first_since(killed_at + 1) {
-                return at - killed_at;
+            // A failed passive declare closes the channel: a new one each time.
+            let ch = probe.create_channel().await.expect("channel");
+            let consumers = ch
+                .queue_declare(
+                    config.amqp.commands_queue.as_str().into(),
+                    passive,
+                    FieldTable::default(),
+                )
+                .await
+                .map(|q| q.consumer_count())
+                .unwrap_or(0);
+            if consumers > 0 {
+                break;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(
+                Instant::now() < deadline,
+                "the bridge did not consume within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-    };
-    let first = tokio::time::timeout(30 * SECOND, recovered).await.ok();
-    tokio::time::sleep(8 * SECOND).await;
-    stop.cancel();
-    let ledger = {
-        let mut producer = load.await.expect("load task");
-        producer.close().await;
-        let mut ledger = producer.ledger.lock().unwrap();
-        std::mem::take(&mut *ledger)
-    };
-    let all = collector.wait_for_all(&ledger, 60 * SECOND).await;
-    tokio::time::sleep(SECOND).await;
-    let after = queue_leader(&nodes[1], &queue);
-    let connections = bridge_connections(&nodes[1]);
-    println!("[rcluster] commands queue after: {after}");
-    println!("[rcluster] bridge connections after: {connections:?}");
-    println!(
+        let queue = config.amqp.commands_queue.clone();
+        let before = queue_leader(&nodes[1], &queue);
+        println!("[rcluster] commands queue before: {before}");
+        println!(
+            "[rcluster] bridge connections before: {:?}",
+            bridge_connections(&nodes[1])
+        );
+
+        let collector = Collector::start(&urls[2], &config).await;
+        let stop = CancellationToken::new();
+        let load = spawn_load(
+            Producer::new(&urls[1], &config),
+            10,
+            3_000,
+            Duration::from_millis(50),
+            stop.clone(),
+        );
+        tokio::time::sleep(4 * SECOND).await;
+
+        // SIGKILL node 1: the bridge's node and the queue's leader.
+        let pid = nodes[0]
+            .ctl(&["eval", "os:getpid()."])
+            .expect("node 1 pid")
+            .trim()
+            .trim_matches('"')
+            .to_string();
+        let killed_at = now_ms();
+        let status = std::process::Command::new("kill")
+            .args(["-9", &pid])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -9 {pid}");
+        println!("[rcluster] killed node 1 ({}, pid {pid})", nodes[0].node);
+
+        let recovered = async {
+            loop {
+                if let Some(at) = collector.first_since(killed_at + 1) {
+                    return at - killed_at;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let first = tokio::time::timeout(30 * SECOND, recovered).await.ok();
+        tokio::time::sleep(8 * SECOND).await;
+        stop.cancel();
+        let ledger = {
+            let mut producer = load.await.expect("load task");
+            producer.close().await;
+            let mut ledger = producer.ledger.lock().unwrap();
+            std::mem::take(&mut *ledger)
+        };
+        let all = collector.wait_for_all(&ledger, 60 * SECOND).await;
+        tokio::time::sleep(SECOND).await;
+        let after = queue_leader(&nodes[1], &queue);
+        let connections = bridge_connections(&nodes[1]);
+        println!("[rcluster] commands queue after: {after}");
+        println!("[rcluster] bridge connections after: {connections:?}");
+        println!(
         "[rcluster] first delivery after the kill: {first:?} ms; deliveries after the kill: {}; all accepted delivered: {all}",
         collector.count_since(killed_at)
     );
-    assert!(
-        !bridge.handle.is_finished(),
-        "the bridge stopped after the node loss"
-    );
-    bridge.stop().await;
-    let seen = collector.stop().await;
-    drop(store);
+        assert!(
+            !bridge.handle.is_finished(),
+            "the bridge stopped after the node loss"
+        );
+        bridge.stop().await;
+        let seen = collector.stop().await;
+        drop(store);
 
-    let report = verify("rcluster", &ledger, &seen);
-    // Both stages reconnected to a surviving node (by its AMQP port).
-    let surviving: Vec<String> = nodes[1..].iter().map(|n| n.port.to_string()).collect();
-    assert!(
+        let report = verify("rcluster", &ledger, &seen);
+        // Both stages reconnected to a surviving node (by its AMQP port).
+        let surviving: Vec<String> = nodes[1..].iter().map(|n| n.port.to_string()).collect();
+        assert!(
         connections.len() >= 2
             && connections
                 .iter()
                 .all(|port| surviving.contains(port)),
         "the bridge is not connected (ingest and dispatch) to a surviving node: {connections:?}, survivors' ports {surviving:?}"
     );
-    assert!(
-        after.split_whitespace().nth(1) != Some(nodes[0].node.as_str()),
-        "the commands queue still reports the killed node as leader: {after}"
-    );
-    assert!(first.is_some(), "no delivery within 30 s of the node loss");
-    // One fault: a confirm window of published-but-unreleased jobs plus a prefetch of
-    // applied-but-unacked commands.
-    assert_promise(
-        &report,
-        config.dispatch.window + usize::from(config.ingest.prefetch),
-        "",
-    );
-    let _ = tokio::time::timeout(5 * SECOND, probe.close(200, "bye".into())).await;
-    // Node 1 is dead: its Drop only fails to reach it; the others stop normally.
-    drop(nodes);
+        assert!(
+            after.split_whitespace().nth(1) != Some(nodes[0].node.as_str()),
+            "the commands queue still reports the killed node as leader: {after}"
+        );
+        assert!(first.is_some(), "no delivery within 30 s of the node loss");
+        // One fault: a confirm window of published-but-unreleased jobs plus a prefetch of
+        // applied-but-unacked commands.
+        assert_promise(
+            &report,
+            config.dispatch.window + usize::from(config.ingest.prefetch),
+            "",
+        );
+        let _ = tokio::time::timeout(5 * SECOND, probe.close(200, "bye".into())).await;
+        // Node 1 is dead: its Drop only fails to reach it; the others stop normally.
+        drop(nodes);
+    });
 }

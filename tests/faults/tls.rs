@@ -16,7 +16,9 @@ use redisched::config::Config;
 use redisched::store::Store;
 
 use common::bridge::{message_id, now_ms, test_config, Broker, InProcess};
-use common::faults::{free_port, init_logging, tail, PrivateRabbit, TempDir};
+use common::faults::{
+    bounded, free_port, init_logging, tail, PrivateRabbit, TempDir, FAULT_TEST_LIMIT,
+};
 use common::DEFAULT_LIMITS;
 
 // ---------------------------------------------------------------------------------
@@ -223,109 +225,111 @@ async fn amqp_refused(config: &Config, what: &str) {
 
 // ---------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn jobs_flow_over_tls_on_both_links_and_untrusted_or_plaintext_clients_are_refused() {
-    init_logging();
-    let certs = Certs::make();
-    let redis = TlsRedis::start(&certs);
-    let rabbit = match tls_rabbit(&certs) {
-        Ok(rabbit) => rabbit,
-        Err(err) => panic!("cannot start a private RabbitMQ node with TLS: {err}"),
-    };
+#[test]
+fn jobs_flow_over_tls_on_both_links_and_untrusted_or_plaintext_clients_are_refused() {
+    bounded(FAULT_TEST_LIMIT, async {
+        init_logging();
+        let certs = Certs::make();
+        let redis = TlsRedis::start(&certs);
+        let rabbit = match tls_rabbit(&certs) {
+            Ok(rabbit) => rabbit,
+            Err(err) => panic!("cannot start a private RabbitMQ node with TLS: {err}"),
+        };
 
-    let mut config = test_config("tls");
-    config.redis.url = redis.url();
-    config.redis.tls_ca_file = certs.file("ca.pem");
-    config.amqp.url = amqps_url(&rabbit);
-    config.amqp.tls_ca_file = certs.file("ca.pem");
-    config.validate().expect("TLS config is valid");
+        let mut config = test_config("tls");
+        config.redis.url = redis.url();
+        config.redis.tls_ca_file = certs.file("ca.pem");
+        config.amqp.url = amqps_url(&rabbit);
+        config.amqp.tls_ca_file = certs.file("ca.pem");
+        config.validate().expect("TLS config is valid");
 
-    // 1. End to end over both TLS links: put -> stored in Redis -> due -> delivered.
-    let broker = tls_broker(&config, &certs.path("ca.pem")).await;
-    let mut ready = broker.consume_ready("#").await;
-    let bridge = InProcess::start(&config);
-    let sent = now_ms();
-    broker
-        .put(
-            "tls.check",
-            "job-1",
-            b"over TLS",
-            &[("x-delay", AMQPValue::LongInt(500))],
-        )
-        .await;
-    let (at, job) = ready
-        .next(Duration::from_secs(30))
-        .await
-        .expect("the job is delivered over TLS");
-    assert_eq!(message_id(&job), "job-1");
-    assert_eq!(job.data, b"over TLS");
-    assert!(at >= sent + 500, "delivered early: {} ms", at - sent);
-    let mut options = config.connect_options();
-    options.tls_ca_file = Some(certs.path("ca.pem"));
-    let store = Store::connect(&options, DEFAULT_LIMITS)
-        .await
-        .expect("a store over TLS");
-    let topic = redisched::job::Topic::new("tls.check").expect("topic");
-    let stats = store.stats(&topic).await.expect("stats over TLS");
-    eprintln!("stats over TLS after delivery: {stats:?}");
-    bridge.stop().await;
+        // 1. End to end over both TLS links: put -> stored in Redis -> due -> delivered.
+        let broker = tls_broker(&config, &certs.path("ca.pem")).await;
+        let mut ready = broker.consume_ready("#").await;
+        let bridge = InProcess::start(&config);
+        let sent = now_ms();
+        broker
+            .put(
+                "tls.check",
+                "job-1",
+                b"over TLS",
+                &[("x-delay", AMQPValue::LongInt(500))],
+            )
+            .await;
+        let (at, job) = ready
+            .next(Duration::from_secs(30))
+            .await
+            .expect("the job is delivered over TLS");
+        assert_eq!(message_id(&job), "job-1");
+        assert_eq!(job.data, b"over TLS");
+        assert!(at >= sent + 500, "delivered early: {} ms", at - sent);
+        let mut options = config.connect_options();
+        options.tls_ca_file = Some(certs.path("ca.pem"));
+        let store = Store::connect(&options, DEFAULT_LIMITS)
+            .await
+            .expect("a store over TLS");
+        let topic = redisched::job::Topic::new("tls.check").expect("topic");
+        let stats = store.stats(&topic).await.expect("stats over TLS");
+        eprintln!("stats over TLS after delivery: {stats:?}");
+        bridge.stop().await;
 
-    // 2. Clients that do not trust the CA are refused, with a clear error, and there is
-    //    no fallback to plaintext (the servers have no plaintext port to fall back to,
-    //    and a plaintext client to the TLS port fails).
-    let mut untrusted = config.clone();
-    untrusted.redis.tls_ca_file = String::new();
-    untrusted.amqp.tls_ca_file = String::new();
-    untrusted
-        .validate()
-        .expect("TLS without a CA file is valid (system roots)");
-    redis_refused(&untrusted, "Redis, system roots only").await;
-    amqp_refused(&untrusted, "AMQP, system roots only").await;
+        // 2. Clients that do not trust the CA are refused, with a clear error, and there is
+        //    no fallback to plaintext (the servers have no plaintext port to fall back to,
+        //    and a plaintext client to the TLS port fails).
+        let mut untrusted = config.clone();
+        untrusted.redis.tls_ca_file = String::new();
+        untrusted.amqp.tls_ca_file = String::new();
+        untrusted
+            .validate()
+            .expect("TLS without a CA file is valid (system roots)");
+        redis_refused(&untrusted, "Redis, system roots only").await;
+        amqp_refused(&untrusted, "AMQP, system roots only").await;
 
-    let mut wrong_ca = config.clone();
-    wrong_ca.redis.tls_ca_file = certs.file("other-ca.pem");
-    wrong_ca.amqp.tls_ca_file = certs.file("other-ca.pem");
-    redis_refused(&wrong_ca, "Redis, another CA").await;
-    amqp_refused(&wrong_ca, "AMQP, another CA").await;
+        let mut wrong_ca = config.clone();
+        wrong_ca.redis.tls_ca_file = certs.file("other-ca.pem");
+        wrong_ca.amqp.tls_ca_file = certs.file("other-ca.pem");
+        redis_refused(&wrong_ca, "Redis, another CA").await;
+        amqp_refused(&wrong_ca, "AMQP, another CA").await;
 
-    let mut plaintext = config.clone();
-    plaintext.redis.url = format!("redis://127.0.0.1:{}/0", redis.port);
-    plaintext.redis.tls_ca_file = String::new();
-    plaintext.amqp.url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", rabbit.port);
-    plaintext.amqp.tls_ca_file = String::new();
-    redis_refused(&plaintext, "Redis, plaintext to the TLS port").await;
-    amqp_refused(&plaintext, "AMQP, plaintext to the TLS port").await;
+        let mut plaintext = config.clone();
+        plaintext.redis.url = format!("redis://127.0.0.1:{}/0", redis.port);
+        plaintext.redis.tls_ca_file = String::new();
+        plaintext.amqp.url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", rabbit.port);
+        plaintext.amqp.tls_ca_file = String::new();
+        redis_refused(&plaintext, "Redis, plaintext to the TLS port").await;
+        amqp_refused(&plaintext, "AMQP, plaintext to the TLS port").await;
 
-    // 3. A whole bridge that trusts Redis's CA but not the broker's: it keeps retrying
-    //    the broker and never takes a command; it still stops cleanly.
-    let mut half = config.clone();
-    half.amqp.tls_ca_file = String::new();
-    let blind = InProcess::start(&half);
-    broker
-        .put(
-            "tls.check",
-            "job-2",
-            b"never",
-            &[("x-delay", AMQPValue::LongInt(0))],
-        )
-        .await;
-    assert!(
-        ready.next(Duration::from_secs(4)).await.is_none(),
-        "a bridge that does not trust the broker's CA delivered a job"
-    );
-    assert!(
-        !blind.handle.is_finished(),
-        "the bridge gave up instead of retrying"
-    );
-    blind.stop().await;
+        // 3. A whole bridge that trusts Redis's CA but not the broker's: it keeps retrying
+        //    the broker and never takes a command; it still stops cleanly.
+        let mut half = config.clone();
+        half.amqp.tls_ca_file = String::new();
+        let blind = InProcess::start(&half);
+        broker
+            .put(
+                "tls.check",
+                "job-2",
+                b"never",
+                &[("x-delay", AMQPValue::LongInt(0))],
+            )
+            .await;
+        assert!(
+            ready.next(Duration::from_secs(4)).await.is_none(),
+            "a bridge that does not trust the broker's CA delivered a job"
+        );
+        assert!(
+            !blind.handle.is_finished(),
+            "the bridge gave up instead of retrying"
+        );
+        blind.stop().await;
 
-    // The trusted bridge picks the waiting command up: nothing was lost meanwhile.
-    let bridge = InProcess::start(&config);
-    let (_, job) = ready
-        .next(Duration::from_secs(30))
-        .await
-        .expect("the waiting job is delivered once a trusting bridge runs");
-    assert_eq!(message_id(&job), "job-2");
-    bridge.stop().await;
-    broker.cleanup().await;
+        // The trusted bridge picks the waiting command up: nothing was lost meanwhile.
+        let bridge = InProcess::start(&config);
+        let (_, job) = ready
+            .next(Duration::from_secs(30))
+            .await
+            .expect("the waiting job is delivered once a trusting bridge runs");
+        assert_eq!(message_id(&job), "job-2");
+        bridge.stop().await;
+        broker.cleanup().await;
+    });
 }

@@ -363,19 +363,15 @@ impl Collector {
     pub async fn stop(self) -> Vec<Seen> {
         self.stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
-        if let Ok(Ok(conn)) = tokio::time::timeout(
-            Duration::from_secs(5),
-            Connection::connect(&self.url, ConnectionProperties::default()),
-        )
-        .await
-        {
-            if let Ok(channel) = conn.create_channel().await {
-                let _ = channel
-                    .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
-                    .await;
-            }
-            let _ = conn.close(200, "bye".into()).await;
-        }
+        let delete_queue = async {
+            let conn = Connection::connect(&self.url, ConnectionProperties::default()).await?;
+            let channel = conn.create_channel().await?;
+            channel
+                .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+                .await?;
+            conn.close(200, "bye".into()).await
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(10), delete_queue).await;
         let seen = self.seen.lock().unwrap().clone();
         seen
     }

@@ -4,13 +4,14 @@
 //! load, what the broker confirmed, what was delivered, and the verdict), plus the
 //! fault tests' bridge settings, bridges as child processes and cleanup here.
 
+mod bounded;
 mod ledger;
 mod proxy;
 mod services;
 
 // Tests import from `common::faults` as before; not every test binary uses all of it.
 #[allow(unused_imports)]
-pub use {ledger::*, proxy::*, services::*};
+pub use {bounded::*, ledger::*, proxy::*, services::*};
 
 use std::path::Path;
 use std::process::Stdio;
@@ -91,6 +92,9 @@ pub async fn cleanup_amqp(url: &str, config: &Config) {
     let _ = conn.close(200, "bye".into()).await;
 }
 
+/// How long [`AmqpCleanup`] may take: the broker answers deletes in milliseconds.
+const CLEANUP_LIMIT: Duration = Duration::from_secs(30);
+
 /// Deletes the test's exchanges and queues (and the collector's queue) on the broker
 /// at `url` when dropped, also after a failed assertion.
 pub struct AmqpCleanup {
@@ -110,7 +114,8 @@ impl Drop for AmqpCleanup {
             else {
                 return;
             };
-            runtime.block_on(async {
+            // Bounded: a cleanup that hangs must not hold the test (nor CI) with it.
+            let cleanup = async {
                 cleanup_amqp(&url, &config).await;
                 let collector = format!("{}.collector", config.redis.prefix);
                 if let Ok(Ok(conn)) = tokio::time::timeout(
@@ -126,7 +131,8 @@ impl Drop for AmqpCleanup {
                     }
                     let _ = conn.close(200, "bye".into()).await;
                 }
-            });
+            };
+            let _ = runtime.block_on(async { tokio::time::timeout(CLEANUP_LIMIT, cleanup).await });
         });
         let _ = cleanup.join();
     }
