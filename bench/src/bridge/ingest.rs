@@ -16,7 +16,7 @@ use futures_util::stream::FuturesOrdered;
 use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::Connection;
+use lapin::{Channel, Connection, Consumer};
 use redisched::job::Due;
 use serde_json::{json, Value};
 
@@ -256,15 +256,7 @@ async fn consume_and_ack(
         format!("ceiling: consume + multiple-ack per {ack_every}")
     };
     let started = Instant::now();
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .with_context(|| format!("consume {queue}"))?;
+    let mut consumer = consume(&channel, queue).await?;
     let mut series = Series::default();
     series.sample(0.0, 0);
     let mut ticker = Ticker::new();
@@ -294,6 +286,19 @@ async fn consume_and_ack(
     common::progress_done(&label, n, started);
     let _ = channel.close(200, "done".into()).await;
     Ok((elapsed, series))
+}
+
+/// Starts consuming `queue` (manual acks) on `channel`.
+async fn consume(channel: &Channel, queue: &str) -> Result<Consumer> {
+    channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("consume {queue}"))
 }
 
 /// The least a store on Redis does per command: this one script, on two keys.
@@ -331,15 +336,7 @@ async fn consume_write_and_ack(
         .await?;
     let label = "ceiling: consume + Redis write + multiple-ack per 100";
     let started = Instant::now();
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .with_context(|| format!("consume {queue}"))?;
+    let mut consumer = consume(&channel, queue).await?;
     let score = common::now_us() / 1000 + 3_600_000;
     let mut in_flight = FuturesOrdered::new();
     let mut pipe = redis::pipe();
@@ -389,7 +386,7 @@ async fn consume_write_and_ack(
 /// Waits for the oldest pipeline in flight and acks its batch (multiple).
 /// The ceiling consumers' next delivery; an error if none comes within 60 s.
 async fn next_delivery(
-    consumer: &mut lapin::Consumer,
+    consumer: &mut Consumer,
     queue: &str,
     got: u64,
     n: u64,
