@@ -169,9 +169,25 @@ fn resource_alarm_pauses_dispatch_and_loses_nothing() {
         // Everything is published before the alarm (the alarm blocks this producer too),
         // due over the next 8 s, so that jobs come due while publishers are blocked.
         let mut producer = Producer::new(&node.url(), &config);
+        let publishing = Instant::now();
+        let mut confirmed = 0;
         for _ in 0..20 {
-            producer.batch(100, 8_000, 1).await;
+            confirmed += producer.batch(100, 8_000, 1).await;
         }
+        println!(
+            "[alarm] {confirmed} of 2,000 puts confirmed in {:?}; delivered so far: {}",
+            publishing.elapsed(),
+            collector.count()
+        );
+        // And a last batch due 12-13 s from now, held until the alarm has covered it:
+        // jobs that must wait for the alarm to clear however long the publishing above
+        // and `rabbitmqctl` take (on a loaded machine, seconds each).
+        let held = producer.batch_between(100, 12_000, 13_000, 0).await;
+        let held_due = now_ms() + 13_000;
+        assert!(
+            held > 0,
+            "none of the last batch was confirmed before the alarm"
+        );
         producer.close().await;
         tokio::time::sleep(SECOND).await;
 
@@ -179,7 +195,9 @@ fn resource_alarm_pauses_dispatch_and_loses_nothing() {
         let alarmed = now_ms();
         tokio::time::sleep(2 * SECOND).await;
         let paused_from = now_ms();
-        tokio::time::sleep(3 * SECOND).await;
+        let hold_until = (held_due + 1_000).max(paused_from + 3_000);
+        let hold_ms = u64::try_from(hold_until - paused_from).unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis(hold_ms)).await;
         let during = collector.count_since(paused_from);
         assert!(
             !bridge.handle.is_finished(),
@@ -189,9 +207,11 @@ fn resource_alarm_pauses_dispatch_and_loses_nothing() {
         let restored = now_ms();
         let recovered = recovery_ms(&collector, restored, 30 * SECOND).await;
         println!(
-        "[alarm] alarm for {} ms; deliveries in its last 3 s: {during}; first delivery {recovered:?} ms after it cleared",
-        restored - alarmed
-    );
+            "[alarm] alarm for {} ms; deliveries in its last {} ms: {during}; \
+             first delivery {recovered:?} ms after it cleared",
+            restored - alarmed,
+            restored - paused_from
+        );
         assert!(
             recovered.is_some(),
             "dispatch did not resume within 30 s of the alarm clearing"

@@ -94,15 +94,27 @@ impl Producer {
     /// each followed by its delete; waits for the confirms. Returns how many of the
     /// near puts were confirmed.
     pub async fn batch(&mut self, near: usize, max_delay_ms: i64, cancels: usize) -> usize {
+        self.batch_between(near, 0, max_delay_ms, cancels).await
+    }
+
+    /// As [`Producer::batch`], the near puts due between `min_delay_ms` and
+    /// `max_delay_ms` from now.
+    pub async fn batch_between(
+        &mut self,
+        near: usize,
+        min_delay_ms: i64,
+        max_delay_ms: i64,
+        cancels: usize,
+    ) -> usize {
         let mut cmds = Vec::new();
         for _ in 0..near {
             let n = self.next;
             self.next += 1;
             // ThreadRng is not Send: never held across an await.
-            let delay = if max_delay_ms > 0 {
-                rand::rng().random_range(0..=max_delay_ms)
+            let delay = if max_delay_ms > min_delay_ms {
+                rand::rng().random_range(min_delay_ms..=max_delay_ms)
             } else {
-                0
+                min_delay_ms.max(0)
             };
             cmds.push(Cmd::Put {
                 id: format!("j{n}"),
