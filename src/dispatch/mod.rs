@@ -119,16 +119,21 @@ impl Dispatcher {
         full: &HashSet<Topic>,
         shutdown: &CancellationToken,
     ) -> bool {
-        let nap = plan
-            .earliest_except(full)
-            .map(|d| Duration::from_millis(u64::try_from(d - now).unwrap_or(0)))
-            .unwrap_or(poll)
-            .min(poll);
+        // To the instant the server's clock reaches the due time, not a whole number
+        // of milliseconds from a rounded `now`: that rounding was lateness.
+        let polled = Instant::now() + poll;
+        let wake = plan.earliest_except(full).map_or(polled, |due| {
+            if due <= now {
+                Instant::now()
+            } else {
+                self.clock.instant_of(due).min(polled)
+            }
+        });
         tokio::select! {
             _ = shutdown.cancelled() => false,
             _ = self.hints.notified() => true,
             _ = self.webhooks.room_freed(), if !full.is_empty() => true,
-            _ = tokio::time::sleep(nap) => true,
+            _ = tokio::time::sleep_until(wake.into()) => true,
         }
     }
 
@@ -141,10 +146,11 @@ impl Dispatcher {
         ttr: Duration,
         each: usize,
     ) -> Result<Vec<(Topic, Vec<ReservedJob>)>, crate::store::StoreError> {
+        let sent = Instant::now();
         let batches = self.store.reserve_many(group, ttr, each).await?;
         let mut reserved = Vec::with_capacity(group.len());
         for (topic, batch) in group.iter().zip(batches) {
-            self.clock.observe(batch.now);
+            self.clock.observe(batch.now, sent);
             // A rate-limited topic is planned for its next token, not its (past) head:
             // no busy loop, and the other topics are served meanwhile.
             let next = match (batch.next_due, batch.next_token) {
@@ -173,8 +179,9 @@ impl Dispatcher {
         full: bool,
         serves: Serves,
     ) -> Result<(), crate::store::StoreError> {
+        let sent = Instant::now();
         let now = self.store.server_time().await?;
-        self.clock.observe(now);
+        self.clock.observe(now, sent);
         if full {
             plan.cursor = 0;
             // Notifications may have been missed: ask every topic again.
