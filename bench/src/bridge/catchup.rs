@@ -404,6 +404,7 @@ impl OnTime {
             exchange: commands_exchange.to_string(),
             routing_key: ON_TIME_TOPIC.to_string(),
             id_prefix: ON_TIME_TOPIC.to_string(),
+            deliver_at: false,
         };
         let stop = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn({

@@ -662,6 +662,9 @@ pub(crate) struct CommandRoute {
     pub routing_key: String,
     /// Message ids are `<id_prefix>-<n>`, n counting from 0.
     pub id_prefix: String,
+    /// Each command names its due time as `x-deliver-at` (the publish instant on the
+    /// producer's clock + the delay, rounded up to whole ms) instead of `x-delay`.
+    pub deliver_at: bool,
 }
 
 /// What a paced producer did.
@@ -713,12 +716,24 @@ pub(crate) async fn publish_paced(
                 break 'pacing;
             };
             let permit = window.clone().acquire_owned().await?;
-            let mut headers = vec![(
-                redisched::amqp::headers::DELAY,
-                AMQPValue::LongLongInt(delay),
-            )];
             // The clock is read last: the producer's instant is this publish call's.
-            headers.extend(producer_clock_headers(delay));
+            let clock = producer_clock_headers(delay);
+            let mut headers = vec![if route.deliver_at {
+                let due_us = match clock[1].1 {
+                    AMQPValue::LongLongInt(us) => us,
+                    _ => now_us() + delay * 1000,
+                };
+                (
+                    redisched::amqp::headers::DELIVER_AT,
+                    AMQPValue::LongLongInt((due_us + 999).div_euclid(1000)),
+                )
+            } else {
+                (
+                    redisched::amqp::headers::DELAY,
+                    AMQPValue::LongLongInt(delay),
+                )
+            }];
+            headers.extend(clock);
             let props = command_props(&format!("{}-{sent:010}", route.id_prefix), &headers);
             let confirm = channel
                 .basic_publish(

@@ -108,6 +108,11 @@ pub(crate) struct RunArgs {
     /// delivered and checked but not counted [default: the longest delay].
     #[arg(long)]
     pub warm_up_ms: Option<u64>,
+    /// Precision: commands name their due time as `x-deliver-at` (the producer's publish
+    /// instant + the delay) instead of `x-delay`, so the time a command takes to be
+    /// applied no longer moves its due time.
+    #[arg(long)]
+    pub deliver_at: bool,
     /// Jobs all due at once in the catchup scenario (about 430 MB of Redis per 1,000,000
     /// at 200-byte bodies; checked before loading) [default: 1000000; quick 20000].
     #[arg(long)]
@@ -244,6 +249,7 @@ impl RunArgs {
             max_delay_ms: self.max_delay(),
             warm_up_ms: self.warm_up_ms.unwrap_or(self.max_delay()),
             body_bytes: self.body_bytes,
+            deliver_at: self.deliver_at,
         }
     }
     fn max_delay(&self) -> u64 {

@@ -28,7 +28,14 @@
 //! producer's and consumer's connection fell a second behind at 5,000/s in steady state). Its
 //! second hop alone, measured against the relay's own target time, is the **one-hop
 //! floor** (timer → publish → consume) that earlier versions measured in a pass of their
-//! own; it is now taken from the two-hop pass, which halves the floor's time.
+//! own; it is now taken from the two-hop pass, which halves the floor's time. Its
+//! **first hop** alone (publish → the relay's receipt) is reported too: the broker's
+//! share of the bridge's apply shift, which the relay's hold absorbs and `x-delay` does
+//! not.
+//!
+//! With `--deliver-at` the commands name their due time as `x-deliver-at` (publish
+//! instant + delay on the producer's clock, rounded up to whole ms) instead of
+//! `x-delay`, so the apply shift is only that rounding.
 //!
 //! Redis, the bridge, the relay and the consumer share this machine's clock, so a
 //! negative lateness would be a job delivered early.
@@ -60,6 +67,8 @@ pub(super) struct Params {
     /// Load before the measured seconds (module docs).
     pub warm_up_ms: u64,
     pub body_bytes: usize,
+    /// Commands carry `x-deliver-at` instead of `x-delay` (`--deliver-at`).
+    pub deliver_at: bool,
 }
 
 pub(super) async fn run(env: &Env, params: &Params) -> Result<Value> {
@@ -135,6 +144,7 @@ async fn measure(
             rate,
             delays: &delays,
             body: &body,
+            deliver_at: params.deliver_at,
         };
 
         let start_us = common::now_us();
@@ -184,13 +194,15 @@ async fn measure(
             )
             .await?;
         eprintln!(
-            "\r  {label} floor, two hops (publish -> relay queue -> timer -> publish -> consume, no Redis): vs producer clock p50 {} / p99 {} / max {} ms; its second hop alone: p50 {} / p99 {} / max {} ms",
+            "\r  {label} floor, two hops (publish -> relay queue -> timer -> publish -> consume, no Redis): vs producer clock p50 {} / p99 {} / max {} ms; its second hop alone: p50 {} / p99 {} / max {} ms; its first hop alone: p99 {} / max {} ms",
             floor.two_hop.stats.p50_ms,
             floor.two_hop.stats.p99_ms,
             floor.two_hop.stats.max_ms,
             floor.one_hop.stats.p50_ms,
             floor.one_hop.stats.p99_ms,
-            floor.one_hop.stats.max_ms
+            floor.one_hop.stats.max_ms,
+            floor.first_hop.p99_ms,
+            floor.first_hop.max_ms
         );
         // The targets, on the producer's clock.
         let target = match rate {
@@ -209,6 +221,7 @@ async fn measure(
             "apply_shift_ms": shift.stats,
             "floor_lateness_ms": floor.one_hop.stats,
             "floor_two_hop_lateness_ms": floor.two_hop.stats,
+            "floor_first_hop_ms": floor.first_hop,
             "floor_publish_rate_per_s": floor.paced.achieved_rate.round(),
             "cores_busy": busy,
             "floor_cores_busy": floor.busy,
@@ -226,6 +239,7 @@ async fn measure(
     Ok(json!({
         "seconds_per_rate": params.seconds,
         "warm_up_ms": params.warm_up_ms,
+        "due_header": if params.deliver_at { "x-deliver-at (publish instant + delay, producer's clock)" } else { "x-delay" },
         "measured": "jobs whose producer-clock due time (publish + x-delay) falls in the last seconds_per_rate of publishing, after warm_up_ms: ingest and dispatch both at the full rate",
         "max_delay_ms": params.max_delay_ms,
         "body_bytes": params.body_bytes,
@@ -236,6 +250,7 @@ async fn measure(
             "apply_shift_ms": "x-redisched-due-at - (publish instant + x-delay): how far applying the command moved the due time ('early' counts negative shifts, from the store's ms resolution)",
             "floor_two_hop_lateness_ms": "same schedule, no Redis: publish -> relay queue (commands queue's arguments) -> relay holds until publish instant + delay -> publish (confirmed, persistent, mandatory, bridge's window) -> same consumer; vs the producer's clock",
             "floor_lateness_ms": "the second hop of that pass alone: relay timer -> publish -> consume, vs the relay's target time (ms); the one-hop floor",
+            "floor_first_hop_ms": "the first hop of that pass alone: publish -> the relay's receipt (no-ack consumer), ms; the broker's share of what apply_shift_ms also holds (the relay's hold absorbs it, the bridge's due time does not: x-delay counts from when the command is applied)",
         },
         "bridge_rss_kib_after": rss,
         "rates": results,
@@ -257,6 +272,18 @@ impl Params {
             .copied()
             .collect()
     }
+
+    /// The values of the messages due (on the producer's clock) in the measured seconds,
+    /// as [`Self::steady`] picks arrivals.
+    fn steady_values(&self, samples: &[(i64, f64)], start_us: i64) -> Vec<f64> {
+        let from = start_us + self.warm_up_ms as i64 * 1000;
+        let to = from + (self.seconds * 1e6) as i64;
+        samples
+            .iter()
+            .filter(|(due, _)| (from..to).contains(due))
+            .map(|(_, value)| *value)
+            .collect()
+    }
 }
 
 /// One rate's schedule: job `i` is published at `i / rate` s with `delays[i]` ms.
@@ -264,6 +291,8 @@ struct Schedule<'a> {
     rate: u64,
     delays: &'a [i64],
     body: &'a [u8],
+    /// `x-deliver-at` instead of `x-delay`.
+    deliver_at: bool,
 }
 
 impl Schedule<'_> {
@@ -280,6 +309,7 @@ impl Schedule<'_> {
             exchange: exchange.to_string(),
             routing_key: routing_key.to_string(),
             id_prefix: id_prefix.to_string(),
+            deliver_at: self.deliver_at,
         };
         let never = AtomicBool::new(false);
         let delays = self.delays.iter().copied();
@@ -361,6 +391,9 @@ struct Floor {
     busy: Value,
     two_hop: Measured,
     one_hop: Measured,
+    /// The first hop alone (publish -> the relay's receipt): the broker's share of what
+    /// the bridge's apply shift also holds.
+    first_hop: Lateness,
 }
 
 impl RelayPath {
@@ -390,9 +423,10 @@ impl RelayPath {
         }
         .await;
         let busy = cpu.cores(None);
-        let refused = relay.stop().await;
+        let (refused, first_hops) = relay.stop().await;
         let (paced, arrivals) = outcome?;
         let arrivals = params.steady(&arrivals, start_us);
+        let mut first_hop = params.steady_values(&first_hops, start_us);
         if refused > 0 {
             bail!("{label}: the broker refused {refused} of the relay's publishes");
         }
@@ -401,6 +435,7 @@ impl RelayPath {
             busy,
             two_hop: lateness_of(&arrivals, Arrival::vs_producer_ms, "producer clock")?,
             one_hop: lateness_of(&arrivals, Arrival::vs_due_at_ms, "relay due-at")?,
+            first_hop: Lateness::of(&mut first_hop),
         })
     }
 }
@@ -412,6 +447,8 @@ struct Relay {
     /// One connection for what comes in, one for what goes out.
     connections: [Connection; 2],
     refused: Arc<AtomicU64>,
+    /// Per message received: (producer's due instant µs, publish -> receipt ms).
+    first_hops: Arc<std::sync::Mutex<Vec<(i64, f64)>>>,
 }
 
 /// A held message: its target (epoch ms, for `x-redisched-due-at`), id and headers.
@@ -460,6 +497,8 @@ impl Relay {
         });
         let channel = publish.clone();
         let exchange = path.ready_exchange.clone();
+        let first_hops = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let hops = first_hops.clone();
         let task = tokio::spawn(async move {
             // Ordered by target instant, then by arrival (the sequence number).
             let mut held: BTreeMap<(tokio::time::Instant, u64), Held> = BTreeMap::new();
@@ -474,6 +513,14 @@ impl Relay {
                         let producer_due_us =
                             common::int_header(&delivery.properties, common::PRODUCER_DUE_US_HEADER)
                                 .context("a relayed message without the producer's due time")?;
+                        if let Some(published_us) =
+                            common::int_header(&delivery.properties, common::PUBLISHED_US_HEADER)
+                        {
+                            let hop_ms = (now_us - published_us) as f64 / 1000.0;
+                            hops.lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .push((producer_due_us, hop_ms));
+                        }
                         // Never before it arrived; whole ms, as the store keeps due times.
                         let due_at_ms = ceil_ms(producer_due_us.max(now_us));
                         let at = tokio::time::Instant::now()
@@ -512,18 +559,25 @@ impl Relay {
             task,
             connections: [incoming, outgoing],
             refused,
+            first_hops,
         })
     }
 
     /// Stops relaying (every message of the pass has arrived by now) and returns how
-    /// many publishes the broker refused.
-    async fn stop(self) -> u64 {
+    /// many publishes the broker refused, and the first hops it saw.
+    async fn stop(self) -> (u64, Vec<(i64, f64)>) {
         self.task.abort();
         let _ = self.task.await;
         for connection in &self.connections {
             let _ = connection.close(200, "done".into()).await;
         }
-        self.refused.load(Ordering::Relaxed)
+        let hops = std::mem::take(
+            &mut *self
+                .first_hops
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        (self.refused.load(Ordering::Relaxed), hops)
     }
 }
 

@@ -485,6 +485,7 @@ async fn lateness_round(
         exchange: config.amqp.commands_exchange.clone(),
         routing_key: topic.clone(),
         id_prefix: format!("l{run}"),
+        deliver_at: false,
     };
     let never = AtomicBool::new(false);
     let label = format!("{rate}/s through the bridge");
