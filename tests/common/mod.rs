@@ -93,6 +93,14 @@ pub async fn test_store_named(prefix: &str) -> Store {
         })
 }
 
+/// A store on an existing prefix (a bridge's), whose keys are deleted when it drops.
+pub async fn test_store_owning(prefix: &str) -> TestStore {
+    TestStore {
+        store: test_store_named(prefix).await,
+        prefix: prefix.to_string(),
+    }
+}
+
 pub async fn test_store_with(limits: Limits) -> TestStore {
     let prefix = unique("store");
     let options = ConnectOptions {

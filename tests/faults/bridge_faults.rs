@@ -105,10 +105,7 @@ fn rabbitmq_restart_under_load_loses_nothing() {
         );
         let mut config = fault_config("mqrestart");
         config.amqp.url = node.url();
-        let store = common::TestStore {
-            store: common::test_store_named(&config.redis.prefix).await,
-            prefix: config.redis.prefix.clone(),
-        };
+        let store = common::test_store_owning(&config.redis.prefix).await;
         let collector = Collector::start(&node.url(), &config).await;
         let bridge = InProcess::start(&config);
         let stop = CancellationToken::new();
@@ -160,10 +157,7 @@ fn resource_alarm_pauses_dispatch_and_loses_nothing() {
         );
         let mut config = fault_config("alarm");
         config.amqp.url = node.url();
-        let store = common::TestStore {
-            store: common::test_store_named(&config.redis.prefix).await,
-            prefix: config.redis.prefix.clone(),
-        };
+        let store = common::test_store_owning(&config.redis.prefix).await;
         let collector = Collector::start(&node.url(), &config).await;
         let bridge = InProcess::start(&config);
         // Everything is published before the alarm (the alarm blocks this producer too),
@@ -243,10 +237,7 @@ fn network_cuts_and_hangs_between_bridge_and_services_lose_nothing() {
             url: amqp.clone(),
             config: config.clone(),
         };
-        let store = common::TestStore {
-            store: common::test_store_named(&config.redis.prefix).await,
-            prefix: config.redis.prefix.clone(),
-        };
+        let store = common::test_store_owning(&config.redis.prefix).await;
         let collector = Collector::start(&amqp, &config).await;
         let bridge = InProcess::start(&config);
         let stop = CancellationToken::new();
@@ -345,10 +336,7 @@ fn sigkill_during_ingest_loses_nothing() {
         };
         let dir = TempDir::new("ingkill");
         let log = dir.path().join("bridge.log");
-        let store = common::TestStore {
-            store: common::test_store_named(&config.redis.prefix).await,
-            prefix: config.redis.prefix.clone(),
-        };
+        let store = common::test_store_owning(&config.redis.prefix).await;
         let collector = Collector::start(&amqp, &config).await;
         // Commands wait in the queue before the bridge starts.
         let mut producer = Producer::new(&amqp, &config);
@@ -420,10 +408,7 @@ fn sigterm_under_load_exits_zero_and_unconfirmed_jobs_are_redelivered() {
         };
         let dir = TempDir::new("term");
         let log = dir.path().join("bridge.log");
-        let store = common::TestStore {
-            store: common::test_store_named(&config.redis.prefix).await,
-            prefix: config.redis.prefix.clone(),
-        };
+        let store = common::test_store_owning(&config.redis.prefix).await;
         let collector = Collector::start(&amqp, &config).await;
         let stop = CancellationToken::new();
         let load = spawn_load(
@@ -522,10 +507,7 @@ impl Handover {
             url: common::amqp_url(),
             config: config.clone(),
         };
-        let _store = common::TestStore {
-            store: common::test_store_named(&config.redis.prefix).await,
-            prefix: config.redis.prefix.clone(),
-        };
+        let _store = common::test_store_owning(&config.redis.prefix).await;
         let broker = Broker::new(&config).await;
         let ready = broker.consume_ready("#").await;
         let reply_queue = common::unique("replies");

@@ -103,10 +103,7 @@ fn node_loss_in_a_three_node_cluster_loses_nothing() {
         config.ingest.prefetch = 200;
         config.ingest.batch = 100;
         config.amqp.heartbeat_secs = 2;
-        let store = common::TestStore {
-            store: common::test_store_named(&config.redis.prefix).await,
-            prefix: config.redis.prefix.clone(),
-        };
+        let store = common::test_store_owning(&config.redis.prefix).await;
 
         // The bridge first: it declares the commands queue on node 1, which leads it.
         let bridge = InProcess::start(&config);
