@@ -129,7 +129,7 @@ impl Dispatcher {
             let now = self.clock.now();
             let mut due = plan.due(now);
             if due.is_empty() {
-                if !self.nap(plan, now, poll, &HashSet::new(), shutdown).await {
+                if !self.nap(plan, poll, &HashSet::new(), shutdown).await {
                     break;
                 }
                 continue;

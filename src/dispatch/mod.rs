@@ -114,7 +114,6 @@ impl Dispatcher {
     async fn nap(
         &self,
         plan: &Plan,
-        now: i64,
         poll: Duration,
         full: &HashSet<Topic>,
         shutdown: &CancellationToken,
@@ -122,13 +121,9 @@ impl Dispatcher {
         // To the instant the server's clock reaches the due time, not a whole number
         // of milliseconds from a rounded `now`: that rounding was lateness.
         let polled = Instant::now() + poll;
-        let wake = plan.earliest_except(full).map_or(polled, |due| {
-            if due <= now {
-                Instant::now()
-            } else {
-                self.clock.instant_of(due).min(polled)
-            }
-        });
+        let wake = plan
+            .earliest_except(full)
+            .map_or(polled, |due| self.clock.instant_of(due).min(polled));
         tokio::select! {
             _ = shutdown.cancelled() => false,
             _ = self.hints.notified() => true,

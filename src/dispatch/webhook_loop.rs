@@ -41,7 +41,7 @@ impl Dispatcher {
                 if hooks.is_empty() {
                     // Nothing due, or only topics of targets without a free slot: sleep
                     // until a slot frees, a hint, or the next topic that can be served.
-                    self.nap(plan, now, poll, &full, &shutdown).await;
+                    self.nap(plan, poll, &full, &shutdown).await;
                     return Ok(());
                 }
                 self.reserve_for_webhooks(plan, hooks, ttr, &settler).await
