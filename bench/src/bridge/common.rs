@@ -716,16 +716,12 @@ pub(crate) async fn publish_paced(
                 break 'pacing;
             };
             let permit = window.clone().acquire_owned().await?;
-            // The clock is read last: the producer's instant is this publish call's.
-            let clock = producer_clock_headers(delay);
+            // Read right before the publish: the producer's instant is this call's.
+            let published_us = now_us();
             let mut headers = vec![if route.deliver_at {
-                let due_us = match clock[1].1 {
-                    AMQPValue::LongLongInt(us) => us,
-                    _ => now_us() + delay * 1000,
-                };
                 (
                     redisched::amqp::headers::DELIVER_AT,
-                    AMQPValue::LongLongInt((due_us + 999).div_euclid(1000)),
+                    AMQPValue::LongLongInt(ceil_ms(published_us + delay * 1000)),
                 )
             } else {
                 (
@@ -733,7 +729,7 @@ pub(crate) async fn publish_paced(
                     AMQPValue::LongLongInt(delay),
                 )
             }];
-            headers.extend(clock);
+            headers.extend(producer_clock_headers(published_us, delay));
             let props = command_props(&format!("{}-{sent:010}", route.id_prefix), &headers);
             let confirm = channel
                 .basic_publish(
@@ -789,9 +785,11 @@ pub(crate) fn text(s: &str) -> AMQPValue {
 pub(crate) const PUBLISHED_US_HEADER: &str = "x-bench-published-us";
 pub(crate) const PRODUCER_DUE_US_HEADER: &str = "x-bench-producer-due-us";
 
-/// The producer-clock headers of a command published now with `delay_ms`.
-pub(crate) fn producer_clock_headers(delay_ms: i64) -> [(&'static str, AMQPValue); 2] {
-    let published_us = now_us();
+/// The producer-clock headers of a command published at `published_us` (epoch µs).
+pub(crate) fn producer_clock_headers(
+    published_us: i64,
+    delay_ms: i64,
+) -> [(&'static str, AMQPValue); 2] {
     [
         (PUBLISHED_US_HEADER, AMQPValue::LongLongInt(published_us)),
         (
@@ -799,6 +797,11 @@ pub(crate) fn producer_clock_headers(delay_ms: i64) -> [(&'static str, AMQPValue
             AMQPValue::LongLongInt(published_us + delay_ms * 1000),
         ),
     ]
+}
+
+/// Epoch µs rounded up to whole ms (due times are whole ms, never before the instant).
+pub(crate) fn ceil_ms(us: i64) -> i64 {
+    (us + 999).div_euclid(1000)
 }
 
 /// One delivery seen by a sink: arrival (epoch µs), `x-redisched-due-at` and the

@@ -261,26 +261,28 @@ impl Params {
     /// The arrivals of jobs due (on the producer's clock) in the measured seconds of a
     /// pass whose publishing started at `start_us` (module docs).
     fn steady(&self, arrivals: &[Arrival], start_us: i64) -> Vec<Arrival> {
-        let from = start_us + self.warm_up_ms as i64 * 1000;
-        let to = from + (self.seconds * 1e6) as i64;
+        let window = self.measured(start_us);
         arrivals
             .iter()
-            .filter(|a| {
-                a.producer_due_us
-                    .is_some_and(|due| (from..to).contains(&due))
-            })
+            .filter(|a| a.producer_due_us.is_some_and(|due| window.contains(&due)))
             .copied()
             .collect()
+    }
+
+    /// The producer-clock due times (epoch µs) counted in a pass that started publishing
+    /// at `start_us`: the `seconds` after the warm-up.
+    fn measured(&self, start_us: i64) -> std::ops::Range<i64> {
+        let from = start_us + self.warm_up_ms as i64 * 1000;
+        from..from + (self.seconds * 1e6) as i64
     }
 
     /// The values of the messages due (on the producer's clock) in the measured seconds,
     /// as [`Self::steady`] picks arrivals.
     fn steady_values(&self, samples: &[(i64, f64)], start_us: i64) -> Vec<f64> {
-        let from = start_us + self.warm_up_ms as i64 * 1000;
-        let to = from + (self.seconds * 1e6) as i64;
+        let window = self.measured(start_us);
         samples
             .iter()
-            .filter(|(due, _)| (from..to).contains(due))
+            .filter(|(due, _)| window.contains(due))
             .map(|(_, value)| *value)
             .collect()
     }
@@ -522,7 +524,7 @@ impl Relay {
                                 .push((producer_due_us, hop_ms));
                         }
                         // Never before it arrived; whole ms, as the store keeps due times.
-                        let due_at_ms = ceil_ms(producer_due_us.max(now_us));
+                        let due_at_ms = common::ceil_ms(producer_due_us.max(now_us));
                         let at = tokio::time::Instant::now()
                             + Duration::from_micros((due_at_ms * 1000 - now_us).max(0) as u64);
                         held.insert((at, seq), Held {
@@ -601,11 +603,6 @@ fn relayed_properties(job: &Held) -> BasicProperties {
         }
     }
     common::command_props(&id, &headers)
-}
-
-/// Epoch µs rounded up to whole ms.
-fn ceil_ms(us: i64) -> i64 {
-    (us + 999).div_euclid(1000)
 }
 
 /// About 200 points of the sorted lateness: `[ms, fraction ≤ ms]`.
