@@ -98,35 +98,38 @@ local function parse(rec)
   if not rec then
     return nil
   end
-  local j = {}
-  local pos
+  -- Each table is built by one constructor, at its final size: filled field by field it
+  -- was rehashed five times, and parse runs for every job of every reserve and release.
+  -- The due time and meta length keep their digits as stored (`due_s`, `mlen_s`), and
+  -- their values as parsed (`due0`, `mlen0`), so `encode` spells them again only if
+  -- they changed: a string.format each is much of what a reserve costs per job.
   if string.byte(rec, 1) == 49 then -- '1'
-    local due, attempts, mlen
-    due, attempts, j.token, mlen, pos = string.match(rec, '^1|(%d+)|(%d+)|(%d+)|(%d+)|()')
+    local due_s, attempts, token, mlen_s, pos = string.match(rec, '^1|(%d+)|(%d+)|(%d+)|(%d+)|()')
     if not pos then
       return nil
     end
-    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
-    j.failures, j.error_at, j.spec, j.err = 0, 0, '', ''
-  else
-    local due, attempts, failures, error_at, slen, elen, mlen
-    due, attempts, j.token, failures, error_at, slen, elen, mlen, pos =
-      string.match(rec, '^2|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|()')
-    if not pos then
+    local due, mlen = tonumber(due_s), tonumber(mlen_s)
+    if pos + mlen - 1 > #rec then
       return nil
     end
-    slen, elen = tonumber(slen), tonumber(elen)
-    j.due, j.attempts, j.mlen = tonumber(due), tonumber(attempts), tonumber(mlen)
-    j.failures, j.error_at = tonumber(failures), tonumber(error_at)
-    j.spec = string.sub(rec, pos, pos + slen - 1)
-    j.err = string.sub(rec, pos + slen, pos + slen + elen - 1)
-    pos = pos + slen + elen
+    return { due = due, attempts = tonumber(attempts), token = token, mlen = mlen,
+      failures = 0, error_at = 0, spec = '', err = '', rec = rec, pos = pos,
+      due_s = due_s, due0 = due, mlen_s = mlen_s, mlen0 = mlen }
   end
-  if pos + j.mlen - 1 > #rec then
+  local due_s, attempts, token, failures, error_at, slen, elen, mlen_s, pos =
+    string.match(rec, '^2|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|()')
+  if not pos then
     return nil
   end
-  j.rec, j.pos = rec, pos
-  return j
+  slen, elen = tonumber(slen), tonumber(elen)
+  local due, mlen, tail = tonumber(due_s), tonumber(mlen_s), pos + slen + elen
+  if tail + mlen - 1 > #rec then
+    return nil
+  end
+  return { due = due, attempts = tonumber(attempts), token = token, mlen = mlen,
+    failures = tonumber(failures), error_at = tonumber(error_at),
+    spec = string.sub(rec, pos, pos + slen - 1), err = string.sub(rec, pos + slen, tail - 1),
+    rec = rec, pos = tail, due_s = due_s, due0 = due, mlen_s = mlen_s, mlen0 = mlen }
 end
 
 local function meta_of(j)
@@ -145,11 +148,13 @@ end
 -- The record of `j`: format 1 unless the job has a schedule spec or a failure on record,
 -- so a one-shot job keeps exactly the bytes it had before format 2 existed.
 local function encode(j)
+  local due_s = j.due == j.due0 and j.due_s or fmt(j.due)
+  local mlen_s = j.mlen == j.mlen0 and j.mlen_s or fmt(j.mlen)
   if j.spec == '' and j.failures == 0 and j.err == '' then
-    return '1|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.mlen) .. '|' .. tail_of(j)
+    return '1|' .. due_s .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. mlen_s .. '|' .. tail_of(j)
   end
-  return '2|' .. fmt(j.due) .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.failures) .. '|' ..
-    fmt(j.error_at) .. '|' .. #j.spec .. '|' .. #j.err .. '|' .. fmt(j.mlen) .. '|' .. j.spec .. j.err .. tail_of(j)
+  return '2|' .. due_s .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. fmt(j.failures) .. '|' ..
+    fmt(j.error_at) .. '|' .. #j.spec .. '|' .. #j.err .. '|' .. mlen_s .. '|' .. j.spec .. j.err .. tail_of(j)
 end
 
 -- The record of a job just put (attempts, token and failures 0, no error): what `encode`
@@ -175,8 +180,15 @@ local function history_max_arg(value)
 end
 
 -- One history entry: '<at>|<outcome>|<attempts>|<due_at>|<id length>|<id><detail>'.
+-- `at` and `due` may come already spelled (a batch's one `now`, a parsed `due_s`).
 local function history_entry(at, outcome, attempts, due, id, detail)
-  return fmt(at) .. '|' .. outcome .. '|' .. fmt(attempts) .. '|' .. fmt(due) .. '|' .. #id .. '|' .. id .. (detail or '')
+  if type(at) ~= 'string' then
+    at = fmt(at)
+  end
+  if type(due) ~= 'string' then
+    due = fmt(due)
+  end
+  return at .. '|' .. outcome .. '|' .. fmt(attempts) .. '|' .. due .. '|' .. #id .. '|' .. id .. (detail or '')
 end
 
 -- Appends entries (oldest first) to the topic's capped history list, newest at the head.
