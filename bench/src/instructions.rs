@@ -271,6 +271,8 @@ fn spawn_bridge(setup: &Setup<'_>, out: &Path) -> Result<ChildBridge> {
     let mut command = Command::new("valgrind");
     command
         .arg("--tool=callgrind")
+        // Names spelled in every dump, so `callgrind_annotate` reads each phase alone.
+        .arg("--compress-strings=no")
         .arg(format!("--callgrind-out-file={}.%p", out.display()))
         .arg(&setup.env.bridge_bin);
     if let Some((file, _)) = setup.webhook {
