@@ -2,7 +2,8 @@
 //! dispatch reserves for a target's topics only as many jobs as it has free slots, so a
 //! reserved job is POSTed at once (never queued towards its time-to-run), and a slow or
 //! dead target holds only its own slots, never the AMQP confirm window or another
-//! target's.
+//! target's. A slot is held from the reserve to the request's answer (a failure: until
+//! its retry is recorded); a delivered job's release is batched with others'.
 
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
@@ -44,23 +45,20 @@ pub struct WebhookSinks {
 /// everything that has gathered (its own job first), looping until nothing is left; a
 /// request that ends meanwhile only adds its job. One `release.lua` round trip per job
 /// made the store the bottleneck (the AMQP sink batches its confirms the same way). A
-/// job keeps its slot until released, so `max_in_flight` still bounds what is reserved.
+/// job gives its slot back when its answer comes, not when its release does: a slot
+/// bounds requests in flight, and the release round trip no longer idles it (jobs
+/// reserved at once: `max_in_flight` plus the delivered ones of the release running).
 #[derive(Debug, Default)]
 struct Releases {
-    pending: Mutex<(Vec<(Ticket, OwnedSemaphorePermit)>, bool)>,
+    pending: Mutex<(Vec<Ticket>, bool)>,
 }
 
 impl Releases {
-    fn lock(&self) -> std::sync::MutexGuard<'_, (Vec<(Ticket, OwnedSemaphorePermit)>, bool)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Vec<Ticket>, bool)> {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    async fn release(
-        &self,
-        settler: &Settler,
-        room: &Notify,
-        done: (Ticket, OwnedSemaphorePermit),
-    ) {
+    async fn release(&self, settler: &Settler, done: Ticket) {
         {
             let mut pending = self.lock();
             pending.0.push(done);
@@ -78,11 +76,7 @@ impl Releases {
                 }
                 std::mem::take(&mut pending.0)
             };
-            let (tickets, slots): (Vec<Ticket>, Vec<OwnedSemaphorePermit>) =
-                batch.into_iter().unzip();
-            settler.release(&tickets).await;
-            drop(slots);
-            room.notify_one();
+            settler.release(&batch).await;
         }
     }
 }
@@ -224,10 +218,11 @@ impl Delivery {
                 meter.finished("2xx", status.format(delivered.status), None, seconds);
                 let mut ticket = self.ticket;
                 ticket.note = format!("HTTP {}", delivered.status);
-                // The slot goes with the job: freed once it is released.
-                self.releases
-                    .release(&self.settler, &self.room, (ticket, slot))
-                    .await;
+                // The request is over: its slot serves the next job while this one
+                // waits for its release.
+                drop(slot);
+                self.room.notify_one();
+                self.releases.release(&self.settler, ticket).await;
                 return;
             }
             Err(failure) => {
