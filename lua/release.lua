@@ -241,8 +241,6 @@ for i = 1, pairs_end, 2 do
   ids[#ids + 1] = ARGV[i]
 end
 local recs = redis.call('HMGET', jobs, unpack(ids))
--- Which are reserved, in one call too (ZMSCORE: Redis >= 6.2).
-local held = redis.call('ZMSCORE', reserved, unpack(ids))
 local plan, seen = {}, {}
 for i = 1, pairs_end, 2 do
   local id, lease = ARGV[i], ARGV[i + 1]
@@ -277,7 +275,9 @@ for i = 1, pairs_end, 2 do
   end
   if not seen[id] then
     local j = parse(recs[(i + 1) / 2])
-    if j and j.token == token and held[(i + 1) / 2] then
+    -- ZSCORE per job rather than one ZMSCORE: a least-privilege user (README, "Security")
+    -- may allow only the commands listed there, and an upgrade must not need a new one.
+    if j and j.token == token and redis.call('ZSCORE', reserved, id) then
       seen[id] = true
       if j.spec ~= '' and next_due ~= -1 then
         if not next_due then
