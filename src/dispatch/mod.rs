@@ -121,9 +121,16 @@ impl Dispatcher {
         // To the instant the server's clock reaches the due time, not a whole number
         // of milliseconds from a rounded `now`: that rounding was lateness.
         let polled = Instant::now() + poll;
-        let wake = plan
+        let mut wake = plan
             .earliest_except(full)
             .map_or(polled, |due| self.clock.instant_of(due).min(polled));
+        if !full.is_empty() {
+            // A target's few free slots are served once its linger ends, even if no
+            // other request ends meanwhile.
+            if let Some(at) = self.webhooks.lingering_until() {
+                wake = wake.min(at);
+            }
+        }
         tokio::select! {
             _ = shutdown.cancelled() => false,
             _ = self.hints.notified() => true,

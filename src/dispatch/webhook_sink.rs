@@ -5,8 +5,9 @@
 //! target's. A slot is held from the reserve to the request's answer (a failure: until
 //! its retry is recorded); a delivered job's release is batched with others'.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyper::body::Bytes;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -28,6 +29,8 @@ struct Target {
     slots: Arc<Semaphore>,
     /// Its metrics, taken from the registry at its first request.
     meter: OnceLock<Arc<TargetMeter>>,
+    /// When a request of it last started, in µs since [`WebhookSinks::epoch`].
+    last_send_us: AtomicU64,
 }
 
 /// Every configured target, shared by the dispatch sessions of one bridge.
@@ -38,7 +41,12 @@ pub struct WebhookSinks {
     room: Arc<Notify>,
     releases: Arc<Releases>,
     tasks: TaskTracker,
+    epoch: Instant,
 }
+
+/// How long a busy target's few free slots wait for more to free before they are
+/// served anyway (see [`WebhookSinks::room`]).
+const LINGER: Duration = Duration::from_millis(1);
 
 /// Delivered jobs waiting for their release, and whether a request's task is releasing
 /// now. Releases go to Redis in batches: the task that finds none running releases
@@ -93,6 +101,7 @@ impl WebhookSinks {
                     slots: Arc::new(Semaphore::new(t.max_in_flight)),
                     client: Arc::new(Client::new(t.clone())?),
                     meter: OnceLock::new(),
+                    last_send_us: AtomicU64::new(0),
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -101,6 +110,7 @@ impl WebhookSinks {
             room: Arc::new(Notify::new()),
             releases: Arc::default(),
             tasks: TaskTracker::new(),
+            epoch: Instant::now(),
         })
     }
 
@@ -111,21 +121,43 @@ impl WebhookSinks {
             .map_or(Route::Amqp, Route::Webhook)
     }
 
-    /// Free slots of target `index` worth a reserve: none until a quarter of its
-    /// `max_in_flight` is free (at least one). A busy target then gets its jobs in
-    /// reserves (and releases) of a quarter of its slots rather than of the one or
-    /// two that each release freed: each script call has a fixed cost in Redis, and
-    /// three quarters of its slots are still working meanwhile. An idle target (the
-    /// steady case below saturation) has all its slots free, so no job waits for this.
+    /// Free slots of target `index` worth a reserve. A busy target's first free slots
+    /// wait, up to [`LINGER`] after its last request started, for a quarter of its
+    /// `max_in_flight` (at most 16) to be free: a fast target then gets its jobs in
+    /// reserves (and releases) of a dozen or more rather than of the one or two each
+    /// answer freed (each script call has a fixed cost in Redis), and a slow one loses
+    /// at most that millisecond per slot. An idle target has all its slots free.
     pub(crate) fn room(&self, index: usize) -> usize {
-        self.targets.get(index).map_or(0, |t| {
-            let free = t.slots.available_permits();
-            if free >= (t.client.target.max_in_flight / 4).max(1) {
-                free
-            } else {
-                0
-            }
-        })
+        let Some(t) = self.targets.get(index) else {
+            return 0;
+        };
+        let free = t.slots.available_permits();
+        if free >= Self::worth(t) || (free > 0 && self.linger_end(t) <= Instant::now()) {
+            free
+        } else {
+            0
+        }
+    }
+
+    /// Free slots that make a reserve worth it at once.
+    fn worth(t: &Target) -> usize {
+        (t.client.target.max_in_flight / 4).clamp(1, 16)
+    }
+
+    fn linger_end(&self, t: &Target) -> Instant {
+        self.epoch + Duration::from_micros(t.last_send_us.load(Ordering::Relaxed)) + LINGER
+    }
+
+    /// When some target's free slots, too few to be worth a reserve yet, will be
+    /// served anyway: the dispatch loop's nap ends then at the latest.
+    pub(crate) fn lingering_until(&self) -> Option<Instant> {
+        self.targets
+            .iter()
+            .filter(|t| (1..Self::worth(t)).contains(&t.slots.available_permits()))
+            .map(|t| self.linger_end(t))
+            // Once past, `room` serves them (if their topics have jobs due): no wake.
+            .filter(|at| *at > Instant::now())
+            .min()
     }
 
     /// Waits until some request ends (a permit is stored if none was waiting, so a
@@ -150,6 +182,8 @@ impl WebhookSinks {
         let Ok(slot) = target.slots.clone().try_acquire_owned() else {
             return Err(job);
         };
+        let since = u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX);
+        target.last_send_us.store(since, Ordering::Relaxed);
         let meter = target
             .meter
             .get_or_init(|| settler.metrics.webhooks.meter(&target.client.target.name))
@@ -266,6 +300,13 @@ mod tests {
         WebhookSinks::new(&config).expect("a valid target")
     }
 
+    /// As if target 0 had just started a request (its linger ends long after the test).
+    fn just_sent(sinks: &WebhookSinks) {
+        sinks.targets[0]
+            .last_send_us
+            .store(3_600_000_000, Ordering::Relaxed);
+    }
+
     #[test]
     fn a_busy_target_is_served_again_once_a_quarter_of_its_slots_is_free() {
         let sinks = sinks(8);
@@ -274,16 +315,49 @@ mod tests {
         let mut held: Vec<_> = (0..8)
             .filter_map(|_| slots.clone().try_acquire_owned().ok())
             .collect();
+        just_sent(&sinks);
         assert_eq!(sinks.room(0), 0);
-        held.pop();
         assert_eq!(
-            sinks.room(0),
-            0,
-            "one free slot of 8 is not worth a reserve"
+            sinks.lingering_until(),
+            None,
+            "no slot free: nothing to wait for"
         );
         held.pop();
-        assert_eq!(sinks.room(0), 2, "a quarter is");
+        assert_eq!(sinks.room(0), 0, "one free slot of 8 waits for another");
+        assert!(
+            sinks.lingering_until().is_some(),
+            "the nap ends with the linger"
+        );
+        held.pop();
+        assert_eq!(sinks.room(0), 2, "a quarter is served at once");
         assert_eq!(sinks.room(1), 0, "no such target");
+    }
+
+    #[test]
+    fn a_few_free_slots_are_served_once_the_linger_is_over() {
+        let sinks = sinks(64);
+        let slots = sinks.targets[0].slots.clone();
+        let mut held: Vec<_> = (0..64)
+            .filter_map(|_| slots.clone().try_acquire_owned().ok())
+            .collect();
+        held.truncate(60);
+        // The last request started at the epoch: its linger (1 ms) is over by now.
+        std::thread::sleep(LINGER * 2);
+        assert_eq!(sinks.room(0), 4, "a slow target does not keep slots idle");
+        assert_eq!(sinks.lingering_until(), None);
+        just_sent(&sinks);
+        assert_eq!(sinks.room(0), 0, "while lingering, 4 of 64 wait for 16");
+    }
+
+    #[test]
+    fn a_large_target_waits_for_16_free_slots_at_most() {
+        let sinks = sinks(10_000);
+        let slots = sinks.targets[0].slots.clone();
+        let _held: Vec<_> = (0..9_984)
+            .filter_map(|_| slots.clone().try_acquire_owned().ok())
+            .collect();
+        just_sent(&sinks);
+        assert_eq!(sinks.room(0), 16);
     }
 
     #[test]
@@ -293,6 +367,7 @@ mod tests {
         let mut held: Vec<_> = (0..3)
             .filter_map(|_| slots.clone().try_acquire_owned().ok())
             .collect();
+        just_sent(&sinks);
         assert_eq!(sinks.room(0), 0);
         held.pop();
         assert_eq!(sinks.room(0), 1);
