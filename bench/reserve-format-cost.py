@@ -14,41 +14,20 @@ dumps: the dump holds the reserve phase alone. Needs redis-server, valgrind and 
 """
 import glob, os, statistics, subprocess, sys, tempfile, time
 
-import redis
-
-from redis_callgrind import free_port, total_ir
+from redis_callgrind import KEYS, free_port, put_jobs, start_server, total_ir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NAMES = ["scheduled", "reserved", "jobs", "seq", "damaged", "paused", "history", "failing", "rate"]
 
 
 
 
 def one_run(fmt, jobs, batch, work):
-    port = free_port()
-    out = os.path.join(work, f"cg.{fmt or 'arrays'}.{port}")
-    server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p",
-         "redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = os.path.join(work, f"cg.{fmt or 'arrays'}.{free_port()}")
+    server, r = start_server(out)
     try:
-        r = redis.Redis(port=port)
-        for _ in range(600):
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.1)
-        put = r.register_script(open(os.path.join(ROOT, "lua/put.lua")).read())
+        put_jobs(r, os.path.join(ROOT, "lua"), jobs, 100)
         reserve = r.register_script(open(os.path.join(ROOT, "lua/reserve.lua")).read())
-        keys = [f"c:{{t}}:{n}" for n in NAMES]
-        pipe = r.pipeline(transaction=False)
-        for i in range(jobs):
-            put(keys=keys[:8], args=[f"job-{i:016d}", b"x" * 100, b"m" * 40, "nx", "delay", "0",
-                                     "31622400000", "1048576", ""], client=pipe)
-            if i % 1000 == 999 or i == jobs - 1:
-                pipe.execute()
-                pipe = r.pipeline(transaction=False)
+        keys = KEYS
         reserve(keys=keys, args=[60000, 1, "", "", "", fmt])  # loads the script
         subprocess.run(["callgrind_control", "--zero", str(server.pid)], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -14,15 +14,13 @@ phase's total over N. LUA_DIR defaults to this checkout's lua/; for an older ver
 `mkdir /tmp/lua-before && git archive <rev> lua | tar -x -C /tmp/lua-before --strip-components=1`.
 Needs redis-server, valgrind, redis-py and msgpack (`pip install redis msgpack`).
 """
-import argparse, glob, os, statistics, subprocess, tempfile, time
+import argparse, glob, os, statistics, subprocess, tempfile
 
 import msgpack
-import redis
 
-from redis_callgrind import free_port, total_ir
+from redis_callgrind import KEYS, free_port, put_jobs, start_server, total_ir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NAMES = ["scheduled", "reserved", "jobs", "seq", "damaged", "paused", "history", "failing", "rate"]
 
 
 def control(pid, *args):
@@ -31,30 +29,13 @@ def control(pid, *args):
 
 
 def one_run(lua, jobs, batch, work):
-    port = free_port()
-    out = os.path.join(work, f"cg.{port}")
-    server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p",
-         "redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = os.path.join(work, f"cg.{free_port()}")
+    server, r = start_server(out)
     try:
-        r = redis.Redis(port=port)
-        for _ in range(600):
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.1)
+        put_jobs(r, lua, jobs, 200)
         script = lambda name: r.register_script(open(os.path.join(lua, name + ".lua")).read())
-        put, reserve, release = script("put"), script("reserve"), script("release")
-        keys = [f"c:{{t}}:{n}" for n in NAMES]
-        pipe = r.pipeline(transaction=False)
-        for i in range(jobs):
-            put(keys=keys[:8], args=[f"job-{i:016d}", b"x" * 200, b"m" * 40, "nx", "delay", "0",
-                                     "31622400000", "1048576", ""], client=pipe)
-            if i % 1000 == 999 or i == jobs - 1:
-                pipe.execute()
-                pipe = r.pipeline(transaction=False)
+        reserve, release = script("reserve"), script("release")
+        keys = KEYS
         # Load both scripts (a call that takes nothing: max 0; a lease of no job).
         reserve(keys=keys, args=[60000, 1, "0", "", "", "msgpack"])
         release(keys=keys[:8], args=["none", "1;HTTP 200", 1000])
