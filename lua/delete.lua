@@ -145,10 +145,15 @@ local function tail_of(j)
   return j.tail or string.sub(j.rec, j.pos)
 end
 
+-- The due time's digits: as stored when unchanged since `parse`, else spelled anew.
+local function due_digits(j)
+  return j.due == j.due0 and j.due_s or fmt(j.due)
+end
+
 -- The record of `j`: format 1 unless the job has a schedule spec or a failure on record,
 -- so a one-shot job keeps exactly the bytes it had before format 2 existed.
 local function encode(j)
-  local due_s = j.due == j.due0 and j.due_s or fmt(j.due)
+  local due_s = due_digits(j)
   local mlen_s = j.mlen == j.mlen0 and j.mlen_s or fmt(j.mlen)
   if j.spec == '' and j.failures == 0 and j.err == '' then
     return '1|' .. due_s .. '|' .. fmt(j.attempts) .. '|' .. j.token .. '|' .. mlen_s .. '|' .. tail_of(j)

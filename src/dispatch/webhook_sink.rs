@@ -246,18 +246,13 @@ impl Delivery {
         meter.started();
         let (result, took) = client.post(&outgoing).await;
         let seconds = took.as_secs_f64();
-        match result {
+        let delivered = match result {
             Ok(delivered) => {
                 let mut status = itoa::Buffer::new();
                 meter.finished("2xx", status.format(delivered.status), None, seconds);
                 let mut ticket = self.ticket;
                 ticket.note = format!("HTTP {}", delivered.status);
-                // The request is over: its slot serves the next job while this one
-                // waits for its release.
-                drop(slot);
-                self.room.notify_one();
-                self.releases.release(&self.settler, ticket).await;
-                return;
+                Some(ticket)
             }
             Err(failure) => {
                 let status = failure
@@ -274,10 +269,16 @@ impl Delivery {
                 self.settler
                     .fail(&self.ticket.lease, delay, "webhook", &failure.reason)
                     .await;
+                None
             }
-        }
+        };
+        // The request is over (a failure's retry recorded): its slot serves the next
+        // job, while a delivered one waits for its release.
         drop(slot);
         self.room.notify_one();
+        if let Some(ticket) = delivered {
+            self.releases.release(&self.settler, ticket).await;
+        }
     }
 }
 
