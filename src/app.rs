@@ -164,6 +164,7 @@ fn spawn_background(
             let mut every = tokio::time::interval(log_throttle::WINDOW);
             loop {
                 tokio::select! {
+                    biased;
                     _ = shutdown.cancelled() => break,
                     _ = every.tick() => warnings.log_summaries(),
                 }
@@ -258,11 +259,19 @@ async fn probe_health(store: Store, metrics: Arc<Metrics>, shutdown: Cancellatio
     let mut every = tokio::time::interval(HEALTH_PROBE_INTERVAL);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // As in the requeue sweep: a probe that waited out a timeout finds the next tick
+        // due, and neither the pick nor the probe may outlast the shutdown.
         tokio::select! {
+            biased;
             _ = shutdown.cancelled() => return,
             _ = every.tick() => {}
         }
-        if let Err(err) = store.probe_health().await {
+        let probed = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            probed = store.probe_health() => probed,
+        };
+        if let Err(err) = probed {
             tracing::debug!(error = %err, "Redis health probe failed");
         }
         metrics.set_redis_health(&store.health().view());

@@ -537,8 +537,10 @@ impl Handover {
         self.broker.command("t", props, body).await;
     }
 
-    async fn put_due_in_4s(&self) {
-        let delay = ("x-delay", lapin::types::AMQPValue::LongLongInt(4_000));
+    /// Due 6 s after B applies it: after the delete, with room for A's stop, and before
+    /// `assert_nothing_delivered` stops looking.
+    async fn put_due_in_6s(&self) {
+        let delay = ("x-delay", lapin::types::AMQPValue::LongLongInt(6_000));
         self.command(&[delay], b"v1").await;
     }
 
@@ -591,11 +593,17 @@ fn an_abandoned_ingest_request_does_not_undo_a_later_delete() {
     bounded(FAULT_TEST_LIMIT, async {
         let mut case = Handover::start("stale").await;
         case.redis_proxy.hold();
-        case.put_due_in_4s().await;
+        case.put_due_in_6s().await;
         // A takes the put; its EVALSHA waits in the stalled link; the 1 s timeout fires.
         tokio::time::sleep(1500 * Duration::from_millis(1)).await;
         if let Some(a) = case.a.take() {
-            a.stop().await;
+            // Every stage and background task gives up its hung Redis call at shutdown
+            // (CI, 2026-12-04: a requeue sweep kept A alive for 5 s, and the job fell due).
+            let took = a.stop().await;
+            assert!(
+                took < 3 * SECOND,
+                "A took {took:?} to stop with its Redis link hung"
+            );
         }
         case.delete().await;
         case.assert_put_then_delete_applied().await;
@@ -617,7 +625,7 @@ fn a_bridge_that_lost_its_batch_does_not_apply_it_later() {
     bounded(FAULT_TEST_LIMIT, async {
         let mut case = Handover::start("lostbatch").await;
         case.redis_proxy.cut();
-        case.put_due_in_4s().await;
+        case.put_due_in_6s().await;
         tokio::time::sleep(1500 * Duration::from_millis(1)).await;
         // The broker takes the batch back from A and gives it to B.
         case.amqp_proxy.cut();
