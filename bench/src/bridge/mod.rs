@@ -36,6 +36,7 @@ mod report;
 mod table;
 pub(crate) mod tenm;
 pub(crate) mod webhook;
+mod webhook_floor;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -202,6 +202,9 @@ async fn measure(
             "ratio": spread(t, &["ratio"], 3),
             "ratio_after_first_delivery": spread(t, &["ratio_after_first_delivery"], 3),
             "target_ratio": 0.8,
+            "bookkeeping_floor_per_s": spread(t, &["bookkeeping_floor_per_s"], 0),
+            "bookkeeping_floor_ratio": spread(t, &["bookkeeping_floor_ratio"], 3),
+            "bookkeeping_floor": "the plain client's requests plus only the Redis commands a Redis-backed dispatcher needs per job (take: ZRANGEBYSCORE, ZREM, ZADD, HMGET; settle: ZREM, HDEL, LPUSH + LTRIM of one history entry), in calls of up to 64, no per-job Lua; between the bridge and the second plain run, per round (webhook_floor.rs)",
             "ceiling": "plain reqwest client built like the bridge's (no redirects, pooled keep-alive), same body and headers, max_in_flight requests at once, same receiver; mean of a run before and one after the bridge, per round",
             "rounds": t,
         },
@@ -279,7 +282,7 @@ fn plain_client(max_in_flight: usize, timeout_ms: u64) -> Result<reqwest::Client
 
 /// The headers the bridge sends with a raw body and no secrets, same names and sizes,
 /// and `extra` ones (the bench's own, valid names).
-fn like_the_bridge(n: u64, extra: &[(&str, String)]) -> HeaderMap {
+pub(super) fn like_the_bridge(n: u64, extra: &[(&str, String)]) -> HeaderMap {
     let now_ms = common::now_us() / 1000;
     let fields = [
         ("content-type", "application/octet-stream".to_string()),
@@ -414,13 +417,28 @@ async fn throughput_round(
     let steady = first.map(|f| common::per_sec(n, elapsed.saturating_sub(f)));
     let extra = (receiver.count() - counted).saturating_sub(n);
 
+    let floor_keys = super::webhook_floor::Keys::new(&base.redis.prefix);
+    let floor = super::webhook_floor::pass(
+        &redis,
+        &floor_keys,
+        client,
+        &url,
+        n,
+        params.max_in_flight,
+        body,
+    )
+    .await;
+    floor_keys.delete(&mut redis.clone()).await?;
+    let floor_rate = common::per_sec(n, floor?);
+
     let after = post_many(client, &url, n, params.max_in_flight, body).await?;
     let after_rate = common::per_sec(n, after);
     let ceiling = (before_rate + after_rate) / 2.0;
     eprintln!(
-        "  plain client after: {after_rate:.0} requests/s; bridge {bridge_rate:.0} jobs/s = {:.0}% of {ceiling:.0}; {:.2} EVALSHA per job",
+        "  plain client after: {after_rate:.0} requests/s; bridge {bridge_rate:.0} jobs/s = {:.0}% of {ceiling:.0}; {:.2} EVALSHA per job; bookkeeping floor {floor_rate:.0} jobs/s = {:.0}%",
         common::ratio(bridge_rate, ceiling) * 100.0,
-        scripts.evalsha_calls as f64 / n.max(1) as f64
+        scripts.evalsha_calls as f64 / n.max(1) as f64,
+        common::ratio(floor_rate, ceiling) * 100.0,
     );
     Ok(json!({
         "bridge_jobs_per_s": bridge_rate.round(),
@@ -432,6 +450,8 @@ async fn throughput_round(
         "plain_client_after_per_s": after_rate.round(),
         "ratio": common::ratio(bridge_rate, ceiling),
         "ratio_after_first_delivery": steady.map(|s| common::ratio(s, ceiling)),
+        "bookkeeping_floor_per_s": floor_rate.round(),
+        "bookkeeping_floor_ratio": common::ratio(floor_rate, ceiling),
         "duplicates_at_receiver": extra,
         "bridge_rss_peak_kib": rss_peak,
         "cpu_per_job": cpu,
