@@ -69,7 +69,8 @@ pub(crate) enum BridgeCommand {
     /// BullMQ on the same Redis (needs `npm ci --prefix bench/peer`).
     Peer(Box<RunArgs>),
     /// Webhook targets, each figure beside its same-run ceiling or floor: N due jobs
-    /// POSTed to a local receiver vs a plain reqwest client of the same concurrency;
+    /// POSTed to a local receiver vs a plain reqwest client of the same concurrency, and
+    /// the bookkeeping floor (that client plus only the bare Redis commands per job);
     /// lateness at a steady rate vs one AMQP hop + one POST; the bridge's RSS with many
     /// requests held open by a slow receiver. `--runs` rounds [default: 3].
     Webhook(Box<RunArgs>),

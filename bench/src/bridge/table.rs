@@ -401,6 +401,13 @@ pub(super) fn print_table(r: &Value) {
             ),
             ">= 80%".into(),
         ]);
+        rows.push([
+            "webhook: the bookkeeping floor of the same rounds: the plain client's requests plus only the bare Redis commands per job (jobs/s)".into(),
+            num(&t["bookkeeping_floor_per_s"]),
+            format!("{} (the plain client above)", num(&t["plain_client_per_s"])),
+            pct(&t["bookkeeping_floor_ratio"]),
+            "- (what a Redis-backed dispatcher can reach here)".into(),
+        ]);
         let l = &w["lateness"];
         let side = |s: &Value| {
             format!(

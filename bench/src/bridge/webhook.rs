@@ -7,6 +7,9 @@
 //!    receiver got N and the store is empty. Ceiling: a plain reqwest client (the
 //!    bridge's library, built the same way) POSTing N requests of the same body and
 //!    headers, M at once, to the same receiver; before and after the bridge, averaged.
+//!    Beside them, the bookkeeping floor (`webhook_floor.rs`): the same client's
+//!    requests plus only the bare Redis commands a Redis-backed dispatcher needs per
+//!    job, the most any such dispatcher could reach on this machine.
 //! 2. **Lateness at a steady rate**, vs the producer's clock (publish instant + `x-delay`,
 //!    carried in the bench's own headers, forwarded by the target as
 //!    `x-redisched-header-*`). Put commands at R/s with delays 0..=D ms for D + W

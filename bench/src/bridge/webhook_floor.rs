@@ -155,7 +155,9 @@ pub(super) async fn pass(
         }
         taken += ids.len() as u64;
         for (id, record) in ids.into_iter().zip(records) {
-            let Some(one) = room.split(1) else { break };
+            let one = room
+                .split(1)
+                .context("a take returned more jobs than free slots")?;
             let body = payload(record)?;
             let (client, url, answered) = (client.clone(), url.to_string(), answered.clone());
             let headers = super::webhook::like_the_bridge(sent, &[]);
