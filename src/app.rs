@@ -162,12 +162,8 @@ fn spawn_background(
         let (warnings, shutdown) = (warnings.clone(), shutdown.clone());
         tasks.spawn(async move {
             let mut every = tokio::time::interval(log_throttle::WINDOW);
-            loop {
-                tokio::select! {
-                    biased;
-                    _ = shutdown.cancelled() => break,
-                    _ = every.tick() => warnings.log_summaries(),
-                }
+            while crate::shutdown::next_tick(&mut every, &shutdown).await {
+                warnings.log_summaries();
             }
             warnings.log_remaining();
         });
@@ -258,18 +254,10 @@ async fn check_eviction(config: &Config, store: &Store) -> Result<(), AppError> 
 async fn probe_health(store: Store, metrics: Arc<Metrics>, shutdown: CancellationToken) {
     let mut every = tokio::time::interval(HEALTH_PROBE_INTERVAL);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        // As in the requeue sweep: a probe that waited out a timeout finds the next tick
-        // due, and neither the pick nor the probe may outlast the shutdown.
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            _ = every.tick() => {}
-        }
-        let probed = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            probed = store.probe_health() => probed,
+    while crate::shutdown::next_tick(&mut every, &shutdown).await {
+        let Some(probed) = crate::shutdown::unless_shutdown(&shutdown, store.probe_health()).await
+        else {
+            return;
         };
         if let Err(err) = probed {
             tracing::debug!(error = %err, "Redis health probe failed");

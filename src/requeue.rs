@@ -27,20 +27,11 @@ pub async fn run(
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut cursor = 0;
-    loop {
-        // `biased`: after a sweep that waited out a Redis timeout the next tick is
-        // already due, and a fair pick could keep sweeping past the shutdown.
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            _ = ticker.tick() => {}
-        }
-        // A sweep stuck on an unreachable Redis must not hold the shutdown up; each
-        // script is atomic, so an abandoned call ran whole or not at all.
-        let swept = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            swept = step(&store, &mut cursor) => swept,
+    while crate::shutdown::next_tick(&mut ticker, &shutdown).await {
+        let Some(swept) =
+            crate::shutdown::unless_shutdown(&shutdown, step(&store, &mut cursor)).await
+        else {
+            return;
         };
         match swept {
             Ok(0) => {}
