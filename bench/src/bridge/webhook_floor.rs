@@ -88,14 +88,14 @@ pub(super) async fn pass(
     keys.delete(&mut con).await?;
     load(&mut con, keys, n, body).await?;
     let take = redis::Script::new(TAKE);
-    let settle = Arc::new(redis::Script::new(SETTLE));
     let slots = Arc::new(Semaphore::new(max_in_flight));
     let quarter = (max_in_flight / 4).clamp(1, 16);
     let (answered, mut answers) = mpsc::unbounded_channel::<(String, u16)>();
     let started = Instant::now();
     let settler = {
-        let (mut con, settle, history) = (redis.clone(), settle.clone(), keys.0.clone());
+        let (mut con, history) = (redis.clone(), keys.0.clone());
         tokio::spawn(async move {
+            let settle = redis::Script::new(SETTLE);
             let mut settled = 0u64;
             let mut batch = Vec::with_capacity(CALL);
             while settled < n {
