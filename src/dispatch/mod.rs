@@ -43,7 +43,7 @@ pub use plan::Plan;
 pub use settle::retry_delay;
 use settle::Settler;
 use sink::{Route, Serves};
-pub use webhook_sink::WebhookSinks;
+pub use webhook_sink::{slots_worth_a_reserve, WebhookSinks};
 
 /// Due topics reserved from in one round trip.
 const RESERVE_GROUP: usize = 64;

@@ -48,6 +48,13 @@ pub struct WebhookSinks {
 /// served anyway (see [`WebhookSinks::room`]).
 const LINGER: Duration = Duration::from_millis(1);
 
+/// Free slots of a busy target of `max_in_flight` that make a reserve worth it at once:
+/// a quarter, at most 16 (see [`WebhookSinks::room`]; the bench's bookkeeping floor
+/// follows the same rule).
+pub fn slots_worth_a_reserve(max_in_flight: usize) -> usize {
+    (max_in_flight / 4).clamp(1, 16)
+}
+
 /// Delivered jobs waiting for their release, and whether a request's task is releasing
 /// now. Releases go to Redis in batches: the task that finds none running releases
 /// everything that has gathered (its own job first), looping until nothing is left; a
@@ -139,9 +146,8 @@ impl WebhookSinks {
         }
     }
 
-    /// Free slots that make a reserve worth it at once.
     fn worth(t: &Target) -> usize {
-        (t.client.target.max_in_flight / 4).clamp(1, 16)
+        slots_worth_a_reserve(t.client.target.max_in_flight)
     }
 
     fn linger_end(&self, t: &Target) -> Instant {

@@ -89,7 +89,7 @@ pub(super) async fn pass(
     load(&mut con, keys, n, body).await?;
     let take = redis::Script::new(TAKE);
     let slots = Arc::new(Semaphore::new(max_in_flight));
-    let quarter = (max_in_flight / 4).clamp(1, 16);
+    let quarter = redisched::dispatch::slots_worth_a_reserve(max_in_flight);
     let (answered, mut answers) = mpsc::unbounded_channel::<(String, u16)>();
     let started = Instant::now();
     let settler = {
