@@ -21,6 +21,7 @@ pub mod feed;
 pub mod http;
 pub mod ingest;
 pub mod job;
+pub mod job_url;
 pub mod log_throttle;
 pub mod metrics;
 pub mod policy;

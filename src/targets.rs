@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
+use crate::job_url;
+
 /// One `[[targets]]` entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -26,8 +28,13 @@ pub struct TargetConfig {
     pub signing_secrets: Vec<String>,
     /// Static extra request headers.
     pub headers: BTreeMap<String, String>,
-    /// If non-empty, a job may name its own URL when it starts with one of these.
+    /// If non-empty, a job may name its own URL when, normalised, it lies under one of
+    /// these (same scheme, host and port; whole path segments).
     pub allowed_url_prefixes: Vec<String>,
+    /// Lets a job's own URL reach loopback, private, link-local and other non-global
+    /// addresses (off: such a URL is refused, a name checked on what it resolves to).
+    /// The target's own `url` is the operator's and is never restricted.
+    pub allow_private_job_urls: bool,
     /// Send the job's stored AMQP headers as `x-redisched-header-<name>`.
     pub forward_headers: bool,
     /// A PEM file of extra CAs trusted for this target's `https://` URLs.
@@ -46,6 +53,7 @@ impl Default for TargetConfig {
             signing_secrets: Vec::new(),
             headers: BTreeMap::new(),
             allowed_url_prefixes: Vec::new(),
+            allow_private_job_urls: false,
             forward_headers: false,
             tls_ca_file: String::new(),
         }
@@ -85,37 +93,39 @@ impl TargetConfig {
         self.topics.iter().any(|p| pattern_matches(p, topic))
     }
 
-    /// The URL a job is POSTed to: its own (`job_url`, if allowed) or the target's.
-    pub fn url_for<'a>(&'a self, job_url: Option<&'a str>) -> Result<&'a str, String> {
-        match job_url {
-            None => Ok(&self.url),
-            Some(url) => self.check_job_url(url).map(|()| url),
-        }
-    }
-
-    /// The SSRF guard: a job may name its own URL only under an allowed prefix.
-    pub fn check_job_url(&self, url: &str) -> Result<(), String> {
+    /// The SSRF guard: a job may name its own URL only when, parsed and normalised as
+    /// the HTTP client will request it, it lies under an allowed prefix, and (unless
+    /// `allow_private_job_urls`) its host is not a forbidden literal address. `Ok` is
+    /// exactly the URL to request; a name's addresses are checked at connect time.
+    pub fn check_job_url(&self, raw: &str) -> Result<url::Url, String> {
         if self.allowed_url_prefixes.is_empty() {
             return Err(format!(
                 "target {} allows no per-job URL (its allowed_url_prefixes is empty)",
                 self.name
             ));
         }
-        if !self
+        let url = job_url::parse(raw)?;
+        let under = self
             .allowed_url_prefixes
             .iter()
-            .any(|prefix| url.starts_with(prefix.as_str()))
-        {
+            .filter_map(|prefix| job_url::parse(prefix).ok())
+            .any(|prefix| job_url::under_prefix(&url, &prefix));
+        if !under {
             return Err(format!(
-                "URL {url:?} is not under any of target {}'s allowed_url_prefixes",
+                "URL {raw:?} (requested as {}) is not under any of target {}'s allowed_url_prefixes",
+                url.as_str(),
                 self.name
             ));
         }
-        url::Url::parse(url)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
-            .map(|_| ())
-            .ok_or_else(|| format!("URL {url:?} is not an http:// or https:// URL"))
+        if !self.allow_private_job_urls {
+            if let Some((ip, why)) = job_url::forbidden_host(&url) {
+                return Err(format!(
+                    "URL {raw:?} names {ip}, {why}; target {} does not set allow_private_job_urls",
+                    self.name
+                ));
+            }
+        }
+        Ok(url)
     }
 }
 
@@ -134,7 +144,7 @@ pub fn check_job_url_for(targets: &[TargetConfig], topic: &str, url: &str) -> Re
         None => Err(format!(
             "a job URL was given, but no webhook target serves topic {topic}"
         )),
-        Some((_, target)) => target.check_job_url(url),
+        Some((_, target)) => target.check_job_url(url).map(|_| ()),
     }
 }
 
@@ -249,10 +259,15 @@ fn check_delivery(i: usize, t: &TargetConfig, ttr_ms: u64) -> Result<(), TargetE
     for (j, prefix) in t.allowed_url_prefixes.iter().enumerate() {
         let key = format!("allowed_url_prefixes[{j}]");
         check_http_url(prefix).map_err(|m| bad(i, &key, m))?;
-        // Without the slash `https://hooks.example.com` would admit
-        // `https://hooks.example.com.attacker.org/`.
-        if !prefix.ends_with('/') {
-            return Err(bad(i, &key, format!("{prefix:?} must end with `/`")));
+        let parsed = job_url::parse(prefix).map_err(|m| bad(i, &key, m))?;
+        // A prefix is whole path segments: without the slash `/peruser` would read as
+        // admitting `/peruserx`; a query would be compared with nothing.
+        if !prefix.ends_with('/') || parsed.query().is_some() {
+            return Err(bad(
+                i,
+                &key,
+                format!("{prefix:?} must end with `/` (and have no query)"),
+            ));
         }
     }
     if t.timeout_ms == 0 {
@@ -407,13 +422,54 @@ mod tests {
     #[test]
     fn a_job_url_must_lie_under_an_allowed_prefix() {
         let mut t = target("a", &["x"]);
-        assert!(t.url_for(Some("http://127.0.0.1:1/x")).is_err());
-        assert_eq!(t.url_for(None), Ok("http://127.0.0.1:9191/receive"));
+        assert!(t.check_job_url("http://127.0.0.1:1/x").is_err());
         t.allowed_url_prefixes = vec!["https://hooks.example.com/".into()];
-        assert!(t.url_for(Some("https://hooks.example.com/a")).is_ok());
+        assert!(t.check_job_url("https://hooks.example.com/a").is_ok());
         assert!(t
-            .url_for(Some("https://hooks.example.com.evil.org/a"))
+            .check_job_url("https://hooks.example.com.evil.org/a")
             .is_err());
-        assert!(t.url_for(Some("http://169.254.169.254/")).is_err());
+        assert!(t.check_job_url("http://169.254.169.254/").is_err());
+    }
+
+    #[test]
+    fn a_literal_private_address_needs_allow_private_job_urls() {
+        let mut t = target("a", &["x"]);
+        t.allowed_url_prefixes = vec!["http://127.0.0.1:9191/own/".into()];
+        let err = t.check_job_url("http://127.0.0.1:9191/own/a").unwrap_err();
+        assert!(err.contains("a loopback address"), "{err}");
+        assert!(err.contains("allow_private_job_urls"), "{err}");
+        t.allow_private_job_urls = true;
+        let url = t
+            .check_job_url("http://127.0.0.1:9191/own/./a")
+            .expect("allowed");
+        assert_eq!(url.as_str(), "http://127.0.0.1:9191/own/a");
+        let err = t
+            .check_job_url("http://127.0.0.1:9191/own/../evil")
+            .unwrap_err();
+        assert!(
+            err.contains("requested as http://127.0.0.1:9191/evil"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_prefix_must_end_with_a_slash_and_have_no_query() {
+        let key = |prefix: &str| {
+            let mut t = target("a", &["x"]);
+            t.allowed_url_prefixes = vec![prefix.into()];
+            validate(&[t], 30_000).err().map(|e| e.key)
+        };
+        assert_eq!(key("https://h.example/own/"), None);
+        for bad in [
+            "https://h.example/own",
+            "https://h.example/own/?a=1",
+            "https://u@h.example/own/",
+        ] {
+            assert_eq!(
+                key(bad).as_deref(),
+                Some("targets[0].allowed_url_prefixes[0]"),
+                "{bad}"
+            );
+        }
     }
 }

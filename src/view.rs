@@ -162,6 +162,8 @@ pub struct TargetRow {
     pub timeout_ms: u64,
     pub signed: bool,
     pub allowed_url_prefixes: Vec<String>,
+    /// Whether a job's own URL may reach private and loopback addresses.
+    pub allow_private_job_urls: bool,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub live: Option<TargetStatus>,
     /// A target whose latest attempts failed (the dashboard shows it in red).
@@ -209,6 +211,7 @@ impl TargetsView {
                         timeout_ms: t.timeout_ms,
                         signed: !t.signing_secrets.is_empty(),
                         allowed_url_prefixes: t.allowed_url_prefixes.clone(),
+                        allow_private_job_urls: t.allow_private_job_urls,
                         failing: live.as_ref().is_some_and(|s| s.consecutive_failures > 0),
                         live,
                         backlog: None,

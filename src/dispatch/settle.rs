@@ -178,6 +178,24 @@ impl Settler {
         }
     }
 
+    /// Parks a job whose delivery no retry can mend (a job URL the guard refuses):
+    /// its failure recorded with `reason`, kept until re-driven.
+    pub(crate) async fn park(&self, lease: &Lease, reason: &str) {
+        match self
+            .store
+            .retry_failed(lease, Duration::ZERO, reason, 1)
+            .await
+        {
+            Ok(RetryOutcome::Parked) => tracing::warn!(
+                topic = %lease.topic, id = %lease.id, %reason,
+                "job parked: its delivery was refused; re-drive it once the cause is fixed"
+            ),
+            Ok(_) => {}
+            Err(err) => tracing::warn!(topic = %lease.topic, id = %lease.id, error = %err,
+                "could not park a job whose delivery was refused; it is requeued after its time-to-run"),
+        }
+    }
+
     /// A series occurrence that cannot be delivered because its next occurrence cannot
     /// be computed ([`super::sink::ticket`]): its failure, with the usual backoff.
     pub(crate) async fn fail_unreadable(&self, lease: &Lease, attempt: u32, reason: &str) {

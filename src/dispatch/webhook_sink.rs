@@ -272,9 +272,13 @@ impl Delivery {
                     .settler
                     .retry_delay(self.job.attempt)
                     .max(failure.retry_after.map_or(Duration::ZERO, |d| d.min(cap)));
-                self.settler
-                    .fail(&self.ticket.lease, delay, "webhook", &failure.reason)
-                    .await;
+                if failure.is_refusal() {
+                    self.settler.park(&self.ticket.lease, &failure.reason).await;
+                } else {
+                    self.settler
+                        .fail(&self.ticket.lease, delay, "webhook", &failure.reason)
+                        .await;
+                }
                 None
             }
         };

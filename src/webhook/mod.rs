@@ -3,6 +3,7 @@
 //! nothing of Redis or of dispatch: the sink in `dispatch/webhook_sink.rs` reserves,
 //! calls [`Client::post`] and reports the outcome to the settle module.
 
+mod resolve;
 mod sign;
 
 use std::sync::Arc;
@@ -71,11 +72,24 @@ pub struct Delivered {
     pub status: u16,
 }
 
+impl Failure {
+    /// A failure no retry can mend: the job's own URL is refused by the guard (or no
+    /// longer allowed by the target's configuration). Its job is parked at once, to be
+    /// re-driven once the cause is fixed.
+    pub fn is_refusal(&self) -> bool {
+        self.code == "url"
+    }
+}
+
 /// A target's client: pooled keep-alive connections, HTTP/2 when the server offers it
 /// (ALPN), no redirects, `HTTPS_PROXY` / `NO_PROXY` from the environment.
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
+    /// The client of jobs' own URLs, unless the target allows private ones: its
+    /// resolver keeps only global addresses, and it connects directly (a proxy would
+    /// resolve the name where the guard cannot see the address).
+    guarded: Option<reqwest::Client>,
     pub target: Arc<TargetConfig>,
     keys: Arc<Vec<Vec<u8>>>,
     extra: HeaderMap,
@@ -86,20 +100,10 @@ pub struct Client {
 
 impl Client {
     pub fn new(target: TargetConfig) -> Result<Self, String> {
-        let mut builder = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(Duration::from_millis(target.timeout_ms))
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(target.max_in_flight);
-        #[cfg(feature = "tls")]
-        {
-            let tls = crate::tls::http_tls_config(crate::tls::ca_file(&target.tls_ca_file))
-                .map_err(|e| format!("target {}: {e}", target.name))?;
-            builder = builder.use_preconfigured_tls(tls);
-        }
-        let http = builder
-            .build()
-            .map_err(|e| format!("target {}: cannot build its HTTP client: {e}", target.name))?;
+        let http = http_client(&target, false)?;
+        let guarded = (!target.allowed_url_prefixes.is_empty() && !target.allow_private_job_urls)
+            .then(|| http_client(&target, true))
+            .transpose()?;
         let keys = target
             .signing_secrets
             .iter()
@@ -120,6 +124,7 @@ impl Client {
             .map_err(|e| format!("target {}: url: {e}", target.name))?;
         Ok(Self {
             http,
+            guarded,
             target: Arc::new(target),
             keys: Arc::new(keys),
             extra,
@@ -184,18 +189,21 @@ impl Client {
 
     async fn try_post(&self, job: &Outgoing<'_>) -> Result<Delivered, Failure> {
         let name = &self.target.name;
-        let job_url = match job_url(job.props) {
-            Ok(url) => url,
-            Err(reason) => return Err(failure("url", reason)),
+        // A job's own URL is checked again here (the configuration may have changed
+        // since ingest), and what is requested is exactly the URL that was checked.
+        let (parsed, http, own) = match job_url(job.props).map_err(|r| failure("url", r))? {
+            None => (self.url.clone(), &self.http, None),
+            Some(raw) => {
+                let checked = self
+                    .target
+                    .check_job_url(&raw)
+                    .map_err(|reason| failure("url", reason))?;
+                let shown = checked.as_str().to_owned();
+                let http = self.guarded.as_ref().unwrap_or(&self.http);
+                (checked, http, Some(shown))
+            }
         };
-        let url = self
-            .target
-            .url_for(job_url.as_deref())
-            .map_err(|reason| failure("url", reason))?;
-        let parsed = match job_url {
-            None => self.url.clone(),
-            Some(_) => reqwest::Url::parse(url).map_err(|e| failure("url", e.to_string()))?,
-        };
+        let url = own.as_deref().unwrap_or(&self.target.url);
         let body = match self.target.body_mode() {
             BodyMode::Raw => job.body.clone(),
             BodyMode::Seed => Bytes::from(seed_body(job)),
@@ -205,8 +213,7 @@ impl Client {
         let mut request = reqwest::Request::new(reqwest::Method::POST, parsed);
         *request.headers_mut() = self.request_headers(job, &body);
         *request.body_mut() = Some(body.into());
-        let response = self
-            .http
+        let response = http
             .execute(request)
             .await
             .map_err(|e| transport_failure(name, self.target.timeout_ms, url, &e))?;
@@ -228,6 +235,29 @@ impl Client {
         }
         Err(refusal(name, response).await)
     }
+}
+
+/// A target's HTTP client; `guarded`: the one of jobs' own URLs (see [`Client`]).
+fn http_client(target: &TargetConfig, guarded: bool) -> Result<reqwest::Client, String> {
+    let mut builder = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_millis(target.timeout_ms))
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(target.max_in_flight);
+    if guarded {
+        builder = builder
+            .dns_resolver(Arc::new(resolve::GlobalOnly))
+            .no_proxy();
+    }
+    #[cfg(feature = "tls")]
+    {
+        let tls = crate::tls::http_tls_config(crate::tls::ca_file(&target.tls_ca_file))
+            .map_err(|e| format!("target {}: {e}", target.name))?;
+        builder = builder.use_preconfigured_tls(tls);
+    }
+    builder
+        .build()
+        .map_err(|e| format!("target {}: cannot build its HTTP client: {e}", target.name))
 }
 
 /// What a non-2xx answer means: its class, `Retry-After` (429 and 503 only), and a
@@ -313,6 +343,12 @@ fn status_code_class(status: u16) -> &'static str {
 
 /// A request that got no answer, in the user's terms, naming the target.
 fn transport_failure(name: &str, timeout_ms: u64, url: &str, err: &reqwest::Error) -> Failure {
+    if let Some(refused) = resolve::refusal(err) {
+        return failure(
+            "url",
+            format!("request to {name} ({}) refused: {refused}", redact(url)),
+        );
+    }
     let chain = error_chain(err);
     let lower = chain.to_ascii_lowercase();
     if err.is_timeout() {

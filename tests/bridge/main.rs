@@ -25,4 +25,5 @@ mod rate_limits;
 mod recurring;
 mod scale;
 mod subscription;
+mod webhook_urls;
 mod webhooks;

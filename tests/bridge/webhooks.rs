@@ -373,6 +373,7 @@ async fn a_job_may_name_its_own_url_only_under_an_allowed_prefix() {
     let receiver = Receiver::start().await;
     let mut hook = target("tenants", &["tenants"], receiver.url("/default"));
     hook.allowed_url_prefixes = vec![receiver.url("/tenants/")];
+    hook.allow_private_job_urls = true;
     let config = config_with("hookurl", vec![hook]);
     let broker = Broker::new(&config).await;
     let mut invalid = broker.consume_invalid().await;
@@ -934,6 +935,7 @@ async fn the_faces_list_targets_name_a_topics_target_and_count_requests() {
     receiver.script([Answer::status(503).header("retry-after", "0")]);
     let mut hook = target("billing", &["billing"], receiver.url("/r"));
     hook.allowed_url_prefixes = vec![receiver.url("/own/")];
+    hook.allow_private_job_urls = true;
     let mut config = config_with("hookfaces", vec![hook]);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
