@@ -249,7 +249,7 @@ end
 -- FNV-1a, 32 bits, of `s` (offset basis 2166136261, prime 16777619 = 2^24 + 403), exact
 -- in Lua's doubles: the XOR touches the low byte only, and h * prime mod 2^32 is
 -- (h mod 2^8) * 2^24 + h * 403 mod 2^32, every term below 2^42. The bridge computes the
--- same (src/schedule.rs, jitter_delay) for the occurrences it releases.
+-- same (src/job/schedule.rs, jitter_delay) for the occurrences it releases.
 local function fnv1a32(s)
   local h = 2166136261
   for i = 1, #s do

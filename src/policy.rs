@@ -168,7 +168,7 @@ pub struct Policy {
     pub topics: Vec<TopicPattern>,
     pub rate: Option<RateLimit>,
     /// Default expiry of the topics' jobs, ms after the due time (0 = never); a job's
-    /// own `x-redisched-expires-after` overrides it (see `crate::expiry`).
+    /// own `x-redisched-expires-after` overrides it (see `crate::job::expiry`).
     pub expires_after_ms: u64,
 }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use crate::job_url;
+use crate::job::url as job_url;
 
 /// One `[[targets]]` entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

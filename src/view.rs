@@ -7,12 +7,13 @@ use std::time::{Duration, UNIX_EPOCH};
 use base64::Engine as _;
 use serde::Serialize;
 
+use crate::job::spec::{ScheduleSpec, SpecKind};
 use crate::job::{IdPrefix, JobId, Topic};
 use crate::metrics::TargetStatus;
 use crate::policy::RateLimit;
 use crate::store::{
     HistoryEntry, JobInfo, JobState, JobSummary, LastError, Outcome, PutOutcome, PutStatus,
-    RateSource, RateState, ScheduleSpec, SpecKind, TopicStats,
+    RateSource, RateState, TopicStats,
 };
 use crate::targets::{target_for, TargetConfig};
 
@@ -502,13 +503,13 @@ impl JobView {
             jitter_ms: info
                 .spec
                 .as_ref()
-                .and_then(|_| crate::amqp::decode_meta(&info.meta).ok())
-                .map(|props| crate::amqp::jitter_of(&props))
+                .and_then(|_| crate::job::meta::decode_meta(&info.meta).ok())
+                .map(|props| crate::job::meta::jitter_of(&props))
                 .filter(|&ms| ms > 0),
             failure: FailureFields::new(info.failures, info.last_error.as_ref()),
-            expires_after: crate::amqp::decode_meta(&info.meta)
+            expires_after: crate::job::meta::decode_meta(&info.meta)
                 .ok()
-                .and_then(|props| crate::expiry::of_job(&props).ok().flatten()),
+                .and_then(|props| crate::job::expiry::of_job(&props).ok().flatten()),
         }
     }
 }
@@ -602,13 +603,13 @@ mod tests {
 
     #[test]
     fn schedules_show_as_every_ms_or_cron_and_tz() {
-        let cron = crate::schedule::Schedule::cron("0 9 * * MON-FRI", Some("Europe/Berlin"))
+        let cron = crate::job::schedule::Schedule::cron("0 9 * * MON-FRI", Some("Europe/Berlin"))
             .expect("valid cron");
         assert_eq!(
             serde_json::to_value(ScheduleFields::of(Some(&cron.to_spec()))).unwrap(),
             serde_json::json!({"cron": "0 9 * * MON-FRI", "tz": "Europe/Berlin"})
         );
-        let every = crate::schedule::Schedule::Every { ms: 5 };
+        let every = crate::job::schedule::Schedule::Every { ms: 5 };
         assert_eq!(
             serde_json::to_value(ScheduleFields::of(Some(&every.to_spec()))).unwrap(),
             serde_json::json!({"every_ms": 5})

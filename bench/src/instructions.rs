@@ -409,7 +409,7 @@ impl Phases<'_> {
                     let id = common::job_id("job", i);
                     let props = common::command_props(
                         &id,
-                        &[(redisched::amqp::headers::DELAY, AMQPValue::LongLongInt(0))],
+                        &[(redisched::job::headers::DELAY, AMQPValue::LongLongInt(0))],
                     );
                     (routing.clone(), props, body.clone())
                 },

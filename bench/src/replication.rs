@@ -192,7 +192,7 @@ async fn measure(
     let topic = common::topic("bench")?;
     let body = common::body(args.body_bytes);
     let later = [(
-        redisched::amqp::headers::DELAY,
+        redisched::job::headers::DELAY,
         AMQPValue::LongLongInt(3_600_000),
     )];
     let publisher = connection.create_channel().await?;

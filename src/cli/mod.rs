@@ -265,7 +265,7 @@ pub struct PutArgs {
 }
 
 fn parse_expires_after(raw: &str) -> Result<u64, String> {
-    crate::expiry::parse_ms("--expires-after", raw).map_err(|e| e.0)
+    crate::job::expiry::parse_ms("--expires-after", raw).map_err(|e| e.0)
 }
 
 fn parse_delay(raw: &str) -> Result<Due, String> {

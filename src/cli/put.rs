@@ -4,8 +4,8 @@
 use std::io::Read;
 
 use crate::config::Config;
+use crate::job::schedule::{PartsError, Schedule, ScheduleParts};
 use crate::job::{Due, PutMode};
-use crate::schedule::{PartsError, Schedule, ScheduleParts};
 use crate::store::{PutRequest, Store};
 use crate::view::{self, rfc3339, PutView, ScheduleFields};
 
@@ -85,8 +85,8 @@ async fn put(
         topic: args.topic.clone(),
         id: args.id.clone(),
         body,
-        meta: crate::expiry::meta_with_expiry(
-            crate::webhook::job_meta(args.url.as_deref(), jitter_ms),
+        meta: crate::job::expiry::meta_with_expiry(
+            crate::job::meta::of_put(args.url.as_deref(), jitter_ms),
             args.expires_after,
         ),
         due: explicit.unwrap_or(Due::NOW),

@@ -15,10 +15,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::confirm::{Confirmer, InFlight};
+use super::properties::outgoing_properties;
 use super::settle::{Settler, Ticket};
 use super::sink::{self, Serves};
 use super::{expiry, sleep_or_shutdown, Dispatcher, Plan, RESERVE_GROUP};
-use crate::amqp::{self, decode_meta, outgoing_properties, AmqpError};
+use crate::amqp::{self, AmqpError};
+use crate::job::meta::decode_meta;
 use crate::job::Topic;
 use crate::store::ReservedJob;
 

@@ -26,7 +26,8 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
 use super::settle::{Settler, Ticket};
-use crate::amqp::{headers, integer};
+use crate::job::headers;
+use crate::job::meta::integer;
 use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
 
@@ -507,7 +508,8 @@ mod tests {
             spec: None,
         };
         let due_at = job.due_at + 250;
-        let props = crate::amqp::outgoing_properties("t", &job, Default::default(), due_at);
+        let props =
+            crate::dispatch::properties::outgoing_properties("t", &job, Default::default(), due_at);
         let known = [i64::from(job.attempt), due_at, job.due_at];
         assert_eq!(
             ReturnKey::of_publish("ready", "t", &props, known),

@@ -22,8 +22,9 @@ use lapin::{BasicProperties, Channel, PublisherConfirm};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::confirm::{InFlight, ReturnKey};
+use super::properties::outgoing_properties;
 use super::settle::{Settler, Ticket};
-use crate::amqp::{headers, outgoing_properties};
+use crate::job::headers;
 use crate::job::Topic;
 use crate::policy::Policies;
 use crate::store::ReservedJob;
@@ -55,7 +56,7 @@ impl Expiry {
     /// The job's expiry in ms (0 = never): its own header, else the topic's default. A
     /// stored value that cannot be read (another client's) counts as none.
     pub(crate) fn expires_after(&self, topic: &Topic, props: &AMQPProperties) -> u64 {
-        match crate::expiry::of_job(props) {
+        match crate::job::expiry::of_job(props) {
             Ok(Some(ms)) => ms,
             Ok(None) => self.policies.expires_after_for(topic),
             Err(err) => {
@@ -84,7 +85,7 @@ impl Expiry {
         now: i64,
     ) -> Option<u64> {
         let ms = self.expires_after(topic, props);
-        crate::expiry::is_expired(due_at, ms, now).then_some(ms)
+        crate::job::expiry::is_expired(due_at, ms, now).then_some(ms)
     }
 
     pub(crate) fn set_session(&self, session: Option<Session>) {
@@ -113,7 +114,7 @@ impl Expiry {
         if !self.may_expire(topic, &job.meta) {
             return false;
         }
-        let props = crate::amqp::decode_meta(&job.meta).unwrap_or_default();
+        let props = crate::job::meta::decode_meta(&job.meta).unwrap_or_default();
         let Some(ms) = self.expired_at(topic, ticket.due_at, &props, settler.clock.now()) else {
             return false;
         };
@@ -165,7 +166,7 @@ impl Expiry {
 
 /// The ticket of a job set aside as expired after `ms`.
 pub(crate) fn mark_expired(ticket: Ticket, ms: u64) -> Ticket {
-    let reason = crate::expiry::reason(ms);
+    let reason = crate::job::expiry::reason(ms);
     Ticket {
         note: reason
             .strip_prefix("expired: ")
@@ -189,7 +190,9 @@ pub(crate) fn expired_properties(
     let mut table = props.headers().clone().unwrap_or_default();
     table.insert(
         headers::ERROR.into(),
-        AMQPValue::LongString(LongString::from(crate::expiry::reason(ms).into_bytes())),
+        AMQPValue::LongString(LongString::from(
+            crate::job::expiry::reason(ms).into_bytes(),
+        )),
     );
     props.with_headers(table)
 }
@@ -257,7 +260,7 @@ mod tests {
         // The webhook loop's shortcut: decode only where expiry may apply.
         assert!(expiry.may_expire(&mail, b""));
         assert!(!expiry.may_expire(&other, b""));
-        let meta = crate::amqp::encode_meta(&own);
+        let meta = crate::job::meta::encode_meta(&own);
         assert!(expiry.may_expire(&other, &meta));
     }
 

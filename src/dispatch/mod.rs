@@ -19,6 +19,7 @@ mod clock;
 mod confirm;
 mod expiry;
 mod plan;
+pub mod properties;
 mod settle;
 mod sink;
 mod webhook_loop;

@@ -9,9 +9,9 @@ use std::time::Duration;
 use super::clock::ServerClock;
 use crate::config::Config;
 use crate::feed::{Event, Feed};
+use crate::job::schedule::Schedule;
 use crate::job::Topic;
 use crate::metrics::Metrics;
-use crate::schedule::Schedule;
 use crate::store::{
     Delivered, DueHints, Expired, Lease, NextDue, Noted, ReservedJob, RetryOutcome, Store,
     StoreError,

@@ -14,9 +14,9 @@
 //! branch of one) that reserves for its topics only as many jobs as it can send now.
 
 use super::settle::Ticket;
-use crate::amqp::{decode_meta, jitter_of};
+use crate::job::meta::{decode_meta, jitter_of};
+use crate::job::schedule::Schedule;
 use crate::job::Topic;
-use crate::schedule::Schedule;
 use crate::store::{Lease, ReservedJob};
 
 /// Which loop plans a topic: the AMQP session's, or the webhook targets' (which runs

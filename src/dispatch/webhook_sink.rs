@@ -15,8 +15,8 @@ use tokio_util::task::TaskTracker;
 
 use super::settle::{Settler, Ticket};
 use super::sink::Route;
-use crate::amqp::decode_meta;
 use crate::config::Config;
+use crate::job::meta::decode_meta;
 use crate::job::Topic;
 use crate::metrics::TargetMeter;
 use crate::store::ReservedJob;

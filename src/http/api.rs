@@ -142,7 +142,7 @@ pub(super) async fn put_job(
             let expires_after = match q.expires_after.as_deref().map(str::trim) {
                 None | Some("") => None,
                 Some(text) => Some(
-                    crate::expiry::parse_ms("expires_after", text)
+                    crate::job::expiry::parse_ms("expires_after", text)
                         .map_err(|e| ApiError::bad_request(e.0))?,
                 ),
             };
@@ -162,8 +162,8 @@ pub(super) async fn put_job(
                 .map_err(|reason| ApiError::url_not_allowed(format!("url: {reason}")))?;
         }
         let jitter_ms = recurrence.as_ref().map_or(0, |r| r.jitter_ms);
-        let meta = crate::expiry::meta_with_expiry(
-            crate::webhook::job_meta(url.as_deref(), jitter_ms),
+        let meta = crate::job::expiry::meta_with_expiry(
+            crate::job::meta::of_put(url.as_deref(), jitter_ms),
             expires_after,
         );
         let body = read_body(body, state.store.limits().max_body_bytes).await?;

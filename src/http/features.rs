@@ -12,8 +12,8 @@ use super::error::PathParams;
 use super::params::{parse_count, parse_id, parse_topic};
 use super::{ApiError, AppState};
 use crate::feed::Event;
+use crate::job::schedule::{PartsError, Schedule, ScheduleParts};
 use crate::job::{Due, JobId, PutMode, Topic};
-use crate::schedule::{PartsError, Schedule, ScheduleParts};
 use crate::store::{PutOutcome, PutRequest, MAX_BATCH};
 use crate::view::{HistoryView, PauseView, RedriveView};
 

@@ -16,12 +16,11 @@ use lapin::message::Delivery;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::BasicProperties;
 
-use crate::amqp::{
-    encode_meta, forwardable, headers, integer, job_id, too_deep, with_plugin_delay,
-};
 use crate::job::float_millis;
+use crate::job::headers;
+use crate::job::meta::{encode_meta, forwardable, integer, job_id, too_deep, with_plugin_delay};
+use crate::job::schedule::{parse_jitter, PartsError, Schedule, ScheduleParts};
 use crate::job::{Due, IdPrefix, JobId, PutMode, Topic};
-use crate::schedule::{parse_jitter, PartsError, Schedule, ScheduleParts};
 use crate::store::{Command, Limits, Op, PutRequest};
 use crate::targets::TargetConfig;
 
@@ -82,7 +81,7 @@ pub(super) enum Request {
 }
 
 /// Decodes a delivery once (see the module docs). A put naming its own URL
-/// (`x-redisched-url`) is checked against `targets` here too (`job_url`).
+/// (`x-redisched-url`) is checked against `targets` here too (`crate::targets::check_job_url_for`).
 pub(super) fn decode(delivery: &Delivery, rules: Rules, targets: &[TargetConfig]) -> Incoming {
     let props = &delivery.properties;
     let op_name = op_name(props);
@@ -108,10 +107,10 @@ pub(super) fn decode(delivery: &Delivery, rules: Rules, targets: &[TargetConfig]
     }
 }
 
-/// A put's own URL checked at the door (`job_url`); deletes and puts without one pass.
+/// A put's own URL checked at the door (`crate::targets::check_job_url_for`); deletes and puts without one pass.
 fn check_url(decoded: Decoded, targets: &[TargetConfig]) -> Result<Decoded, Invalid> {
     if let (Op::Put(put), Some(url)) = (&decoded.op, decoded.url.as_deref()) {
-        super::job_url::check(&put.topic, url, targets)
+        crate::targets::check_job_url_for(targets, put.topic.as_str(), url)
             .map_err(|reason| invalid(format!("{}: {reason}", headers::URL)))?;
     }
     Ok(decoded)
@@ -138,7 +137,7 @@ pub struct Decoded {
     cron_start: Option<Option<Due>>,
     /// `x-redisched-jitter` (ms, checked against the schedule), 0 for none.
     jitter_ms: u64,
-    /// A put's `x-redisched-url` (checked against the targets by `job_url`).
+    /// A put's `x-redisched-url` (checked against the targets by `crate::targets::check_job_url_for`).
     url: Option<String>,
 }
 
@@ -265,7 +264,7 @@ pub fn decode_parts(
     // Kept in the stored properties as given (dispatch reads it there); checked here so
     // a bad value is set aside at the door, not found at delivery.
     if let Some(value) = header(headers::EXPIRES_AFTER) {
-        crate::expiry::from_header(value).map_err(|e| invalid(e.0))?;
+        crate::job::expiry::from_header(value).map_err(|e| invalid(e.0))?;
     }
     let recurring = schedule(table, rules.min_interval_ms)?;
     let given = due_of(
@@ -401,7 +400,7 @@ fn first_due(schedule: Option<&Schedule>, given: Option<Due>) -> (Due, Option<Op
     }
 }
 
-/// `x-redisched-url` as text (its prefix is checked against the targets by `job_url`).
+/// `x-redisched-url` as text (its prefix is checked against the targets by `crate::targets::check_job_url_for`).
 fn url_of(value: &AMQPValue) -> Result<String, Invalid> {
     match value {
         AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes())
@@ -479,7 +478,8 @@ fn schedule(
         tz: tz.as_deref(),
         jitter: jitter.as_deref(),
     };
-    let named = |name: &str, e: crate::schedule::ScheduleError| invalid(format!("{name}: {e}"));
+    let named =
+        |name: &str, e: crate::job::schedule::ScheduleError| invalid(format!("{name}: {e}"));
     match Schedule::from_parts(parts, min_interval_ms) {
         Ok(recurring) => Ok(recurring),
         Err(PartsError::BothEveryAndCron) => Err(invalid(format!(
@@ -931,8 +931,8 @@ mod tests {
         let Ok(Op::Put(ok)) = put(AMQPValue::LongInt(5000)) else {
             panic!("valid expiry refused");
         };
-        let stored = crate::amqp::decode_meta(&ok.meta).expect("meta");
-        assert_eq!(crate::expiry::of_job(&stored), Ok(Some(5000)));
+        let stored = crate::job::meta::decode_meta(&ok.meta).expect("meta");
+        assert_eq!(crate::job::expiry::of_job(&stored), Ok(Some(5000)));
         assert!(put(s("0")).is_ok());
         for bad in [AMQPValue::LongInt(-5), s("later"), AMQPValue::Double(2.5)] {
             let err = put(bad).expect_err("refused").0;
@@ -981,7 +981,7 @@ mod tests {
         let Op::Put(put) = command.op else {
             panic!("a put")
         };
-        let stored = crate::amqp::decode_meta(&put.meta).expect("meta");
+        let stored = crate::job::meta::decode_meta(&put.meta).expect("meta");
         let headers = stored.headers().clone().expect("headers");
         let mut names: Vec<&str> = headers.inner().keys().map(|k| k.as_str()).collect();
         names.sort_unstable();
@@ -1051,9 +1051,9 @@ mod tests {
         let Op::Put(put) = &every.op else {
             panic!("not a put")
         };
-        let stored = crate::amqp::decode_meta(&put.meta).expect("meta");
+        let stored = crate::job::meta::decode_meta(&put.meta).expect("meta");
         assert_eq!(
-            crate::amqp::jitter_of(&stored),
+            crate::job::meta::jitter_of(&stored),
             500,
             "dispatch reads it there"
         );

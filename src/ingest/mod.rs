@@ -21,15 +21,15 @@
 //! `Ingest::until_replicated`). Re-applying a held batch after a batch behind it is
 //! safe for the same reason two batches may be in flight: they name disjoint jobs.
 //!
-//! The rooms: `decode.rs` turns a delivery into a command once (with `job_url.rs`, the
-//! SSRF guard); `session.rs` runs one consumer session (batching, epoch, acks);
+//! The rooms: `decode.rs` turns a delivery into a command once (a job's own URL checked
+//! by `crate::targets`, the SSRF guard); `route.rs` the router of partitioned commands;
+//! `session.rs` runs one consumer session (batching, epoch, acks);
 //! `batch.rs` applies a batch to the store (fenced, retried, held for replicas);
 //! `reply.rs` reports each command (metrics, feed, reply) and sets invalid ones aside;
 //! `partitions.rs` runs one lane per command partition and drains an old topology.
 
 mod batch;
 mod decode;
-mod job_url;
 mod partitions;
 mod reply;
 mod route;

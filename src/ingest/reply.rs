@@ -13,8 +13,9 @@ use serde_json::json;
 use super::batch::AppliedBatch;
 use super::decode::Envelope;
 use super::Ingest;
-use crate::amqp::{headers, AmqpError};
+use crate::amqp::AmqpError;
 use crate::feed::Event;
+use crate::job::headers;
 use crate::store::{Applied, Op, PutStatus};
 
 /// How one delivery ended, before it is acked (the history's outcome is

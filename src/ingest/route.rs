@@ -155,7 +155,9 @@ async fn forward(
 ) -> Result<impl std::future::Future<Output = (Acker, lapin::Result<Confirmation>)>, AmqpError> {
     // A command without a usable id still goes somewhere (partition of the empty id),
     // where its lane sets it aside with the reason.
-    let id = amqp::job_id(&delivery.properties).ok().flatten();
+    let id = crate::job::meta::job_id(&delivery.properties)
+        .ok()
+        .flatten();
     let k = amqp::partition_of(
         id.as_deref().unwrap_or("").as_bytes(),
         partitions(exchanges),

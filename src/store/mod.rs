@@ -60,10 +60,7 @@ pub use ops::{
 use registry::TopicRegistry;
 pub use registry::DEFAULT_TOPIC_REFRESH;
 pub use scripts::SOURCES as SCRIPT_SOURCES;
-pub use types::{
-    JobState, LastError, Lease, Limits, ScheduleSpec, SpecError, SpecKind, DEFAULT_HISTORY_MAX,
-    MAX_BATCH, MAX_SPEC_BYTES,
-};
+pub use types::{JobState, LastError, Lease, Limits, DEFAULT_HISTORY_MAX, MAX_BATCH};
 
 /// How to reach Redis.
 #[derive(Debug, Clone)]

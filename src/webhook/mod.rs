@@ -14,12 +14,13 @@ use lapin::protocol::basic::AMQPProperties;
 use lapin::types::AMQPValue;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 
-use crate::amqp::headers;
+use crate::job::headers;
 use crate::targets::{BodyMode, TargetConfig};
 pub use sign::{signature, webhook_id};
 
 /// The request header carrying the job's own URL (`allowed_url_prefixes`).
 pub const URL_HEADER: &str = headers::URL;
+use crate::job::meta::own_url;
 /// The prefix of forwarded AMQP headers (`forward_headers = true`).
 pub const FORWARDED_PREFIX: &str = "x-redisched-header-";
 /// How much of a 2xx answer's body is read (and dropped) to keep the connection.
@@ -191,7 +192,7 @@ impl Client {
         let name = &self.target.name;
         // A job's own URL is checked again here (the configuration may have changed
         // since ingest), and what is requested is exactly the URL that was checked.
-        let (parsed, http, own) = match job_url(job.props).map_err(|r| failure("url", r))? {
+        let (parsed, http, own) = match own_url(job.props).map_err(|r| failure("url", r))? {
             None => (self.url.clone(), &self.http, None),
             Some(raw) => {
                 let checked = self
@@ -405,29 +406,6 @@ fn redact(url: &str) -> String {
     }
 }
 
-/// The stored meta of a job put through REST or the CLI: its own URL
-/// (`x-redisched-url`) and a series' jitter (`x-redisched-jitter`, which dispatch reads
-/// from there), as an AMQP producer would have sent them; empty with neither.
-pub fn job_meta(url: Option<&str>, jitter_ms: u64) -> Vec<u8> {
-    let mut table = lapin::types::FieldTable::default();
-    if let Some(url) = url {
-        table.insert(
-            URL_HEADER.into(),
-            AMQPValue::LongString(url.as_bytes().to_vec().into()),
-        );
-    }
-    if jitter_ms > 0 {
-        table.insert(
-            headers::JITTER.into(),
-            AMQPValue::LongLongInt(i64::try_from(jitter_ms).unwrap_or(i64::MAX)),
-        );
-    }
-    if table.inner().is_empty() {
-        return Vec::new();
-    }
-    crate::amqp::encode_meta(&AMQPProperties::default().with_headers(table))
-}
-
 /// `Retry-After`: delta-seconds or an HTTP date; `None` if neither.
 pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
@@ -436,22 +414,6 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     }
     let at = httpdate::parse_http_date(value).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
-}
-
-/// The job's own URL from its stored headers, if it has one.
-pub fn job_url(props: &AMQPProperties) -> Result<Option<String>, String> {
-    match props
-        .headers()
-        .as_ref()
-        .and_then(|t| t.inner().get(URL_HEADER))
-    {
-        None => Ok(None),
-        Some(AMQPValue::LongString(s)) => std::str::from_utf8(s.as_bytes())
-            .map(|s| Some(s.to_owned()))
-            .map_err(|_| format!("{URL_HEADER} is not UTF-8 text")),
-        Some(AMQPValue::ShortString(s)) => Ok(Some(s.as_str().to_owned())),
-        Some(_) => Err(format!("{URL_HEADER} must be a text header")),
-    }
 }
 
 /// The original servers' body: `{"topic","id","contents"}`, contents as text (lossy

@@ -1,5 +1,5 @@
 //! The address guard under the HTTP client of per-job URLs: a DNS resolver that drops
-//! every address a job's URL may not reach ([`crate::job_url::forbidden_address`]) and
+//! every address a job's URL may not reach ([`crate::job::url::forbidden_address`]) and
 //! fails when none is left. It runs when the connection is made, on the addresses that
 //! connection will use, so a name that resolves to a public address when ingested and
 //! to a private one later (DNS rebinding) cannot slip past. Literal addresses never
@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
-use crate::job_url::forbidden_address;
+use crate::job::url::forbidden_address;
 
 /// Resolves with the system's resolver, then keeps only global addresses.
 #[derive(Debug, Default)]

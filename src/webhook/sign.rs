@@ -41,7 +41,7 @@ pub fn webhook_id(
         hash.update(part);
     }
     hash.update(due_at.to_be_bytes());
-    let meta = crate::amqp::encode_meta(props);
+    let meta = crate::job::meta::encode_meta(props);
     hash.update((meta.len() as u64).to_be_bytes());
     hash.update(&meta);
     hash.update(body);

@@ -10,8 +10,8 @@ use lapin::types::{
 };
 use lapin::BasicProperties;
 use proptest::prelude::*;
-use redisched::amqp::{decode_meta, encode_meta};
 use redisched::ingest::{Invalid, Rules};
+use redisched::job::meta::{decode_meta, encode_meta};
 use redisched::job::{Due, PutMode};
 use redisched::store::{Limits, Op};
 
@@ -379,7 +379,7 @@ proptest! {
             .with_headers(headers);
         let limits = Limits { max_delay_ms: 1000, max_body_bytes: 10 };
         let got = decode_parts("t", &props, b"", limits);
-        if depth > redisched::amqp::MAX_HEADER_DEPTH {
+        if depth > redisched::job::meta::MAX_HEADER_DEPTH {
             prop_assert_eq!(
                 got.map(|_| ()),
                 Err(Invalid("header x-deep nests deeper than 64 levels".into()))

@@ -69,7 +69,7 @@ async fn put_with_expiry(store: &Store, topic: &str, id: &str, body: &[u8], ms: 
             topic: t(topic),
             id: JobId::new(id).unwrap(),
             body: body.to_vec(),
-            meta: redisched::expiry::meta_with_expiry(Vec::new(), ms),
+            meta: redisched::job::expiry::meta_with_expiry(Vec::new(), ms),
             due: Due::NOW,
             mode: PutMode::Keep,
         })
@@ -526,7 +526,8 @@ async fn bad_expiry_values_are_refused_with_a_reason_and_lose_nothing() {
 #[tokio::test]
 async fn release_with_the_expired_marker_logs_expired_and_keeps_a_series_going() {
     let _shared = common::timed::shared().await;
-    use redisched::store::{Delivered, Expired, NextDue, Noted, ScheduleSpec};
+    use redisched::job::spec::ScheduleSpec;
+    use redisched::store::{Delivered, Expired, NextDue, Noted};
     let test = common::test_store().await;
     let store = &test.store;
     let topic = t("marker");

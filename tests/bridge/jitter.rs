@@ -16,9 +16,10 @@ use lapin::message::Delivery;
 use lapin::types::AMQPValue;
 use redis::Commands;
 use redisched::config::Config;
+use redisched::job::schedule::{jitter_delay, Schedule};
+use redisched::job::spec::ScheduleSpec;
 use redisched::job::{Due, JobId, PutMode, Topic};
-use redisched::schedule::{jitter_delay, Schedule};
-use redisched::store::{Delivered, Lease, NextDue, PutRequest, ScheduleSpec};
+use redisched::store::{Delivered, Lease, NextDue, PutRequest};
 use redisched_testkit::percentile;
 use tokio::sync::mpsc;
 
@@ -34,7 +35,7 @@ fn jid(id: &str) -> JobId {
 
 /// The stored meta of a jittered series, as REST and the CLI write it.
 fn jitter_meta(jitter_ms: u64) -> Vec<u8> {
-    redisched::webhook::job_meta(None, jitter_ms)
+    redisched::job::meta::of_put(None, jitter_ms)
 }
 
 fn request(t: &Topic, id: &str, due: Due, meta: Vec<u8>) -> PutRequest {
@@ -740,8 +741,12 @@ async fn rest_and_cli_refuse_bad_jitter_and_store_a_good_one() {
         Some(due + jitter_delay("restj", "r1", due, 600) as i64)
     );
     let info = store.get(&t, &jid("r1")).await.expect("get").expect("job");
-    let meta = redisched::amqp::decode_meta(&info.meta).expect("meta");
-    assert_eq!(redisched::amqp::jitter_of(&meta), 600, "kept for dispatch");
+    let meta = redisched::job::meta::decode_meta(&info.meta).expect("meta");
+    assert_eq!(
+        redisched::job::meta::jitter_of(&meta),
+        600,
+        "kept for dispatch"
+    );
     let shown: serde_json::Value = client
         .get(format!("{base}/v1/topics/restj/jobs/r1"))
         .send()

@@ -23,9 +23,10 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use redisched::config::Config;
 use redisched::feed::{Event, Feed};
 use redisched::http::{self, AppState};
+use redisched::job::spec::ScheduleSpec;
 use redisched::job::{Due, JobId, PutMode, Topic};
 use redisched::metrics::Metrics;
-use redisched::store::{JobState, Lease, PutRequest, RetryOutcome, ScheduleSpec, Store};
+use redisched::store::{JobState, Lease, PutRequest, RetryOutcome, Store};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -267,10 +268,10 @@ async fn dashboard_schedules_lists_streams_and_cancels() {
         .unwrap()
         .expect("a series scheduled through the page");
     assert!(series.spec.is_some(), "recurring: {series:?}");
-    let meta = redisched::amqp::decode_meta(&series.meta).expect("meta");
-    assert_eq!(redisched::amqp::jitter_of(&meta), 600_000);
+    let meta = redisched::job::meta::decode_meta(&series.meta).expect("meta");
+    assert_eq!(redisched::job::meta::jitter_of(&meta), 600_000);
     assert_eq!(
-        redisched::expiry::of_job(&meta).expect("expiry header"),
+        redisched::job::expiry::of_job(&meta).expect("expiry header"),
         Some(1_800_000)
     );
 

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use redisched::job::schedule::Schedule;
 use redisched::job::{Due, JobId, PutMode, Topic};
-use redisched::schedule::Schedule;
 use redisched::store::{Lease, PutRequest, RetryOutcome, Store};
 use serde_json::Value;
 

@@ -1443,10 +1443,10 @@ fn four_key_calls_keep_the_version_1_reply_shapes() {
 
 mod typed {
     use super::common;
+    use redisched::job::spec::ScheduleSpec;
     use redisched::job::{Due, JobId, PutMode, Topic};
     use redisched::store::{
         Delivered, JobState, Lease, ListWhich, NextDue, Outcome, PutRequest, RetryOutcome,
-        ScheduleSpec,
     };
     use std::time::Duration;
 

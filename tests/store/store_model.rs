@@ -24,9 +24,10 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use redis::Commands;
+use redisched::job::spec::ScheduleSpec;
 use redisched::job::{Due, JobId, PutMode, Topic};
 use redisched::store::{
-    Delivered, JobState, Lease, NextDue, PutRequest, PutStatus, RetryOutcome, ScheduleSpec, Store,
+    Delivered, JobState, Lease, NextDue, PutRequest, PutStatus, RetryOutcome, Store,
 };
 
 const TOPICS: [&str; 2] = ["m.one", "m.two"];

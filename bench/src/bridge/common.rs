@@ -720,12 +720,12 @@ pub(crate) async fn publish_paced(
             let published_us = now_us();
             let mut headers = vec![if route.deliver_at {
                 (
-                    redisched::amqp::headers::DELIVER_AT,
+                    redisched::job::headers::DELIVER_AT,
                     AMQPValue::LongLongInt(ceil_ms(published_us + delay * 1000)),
                 )
             } else {
                 (
-                    redisched::amqp::headers::DELAY,
+                    redisched::job::headers::DELAY,
                     AMQPValue::LongLongInt(delay),
                 )
             }];
@@ -879,7 +879,7 @@ pub(crate) async fn sink(connection: &Connection, queue: &str, record: bool) -> 
                 let props = &delivery.properties;
                 let arrival = Arrival {
                     at_us,
-                    due_at_ms: int_header(props, redisched::amqp::headers::DUE_AT),
+                    due_at_ms: int_header(props, redisched::job::headers::DUE_AT),
                     published_us: int_header(props, PUBLISHED_US_HEADER),
                     producer_due_us: int_header(props, PRODUCER_DUE_US_HEADER),
                 };

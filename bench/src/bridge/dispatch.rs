@@ -555,12 +555,12 @@ fn ready_like_props(i: u64) -> BasicProperties {
     common::command_props(
         &id,
         &[
-            (redisched::amqp::headers::TOPIC, common::text("bench")),
+            (redisched::job::headers::TOPIC, common::text("bench")),
             (
-                redisched::amqp::headers::DUE_AT,
+                redisched::job::headers::DUE_AT,
                 AMQPValue::LongLongInt(1_700_000_000_000 + i as i64),
             ),
-            (redisched::amqp::headers::ATTEMPT, AMQPValue::LongLongInt(1)),
+            (redisched::job::headers::ATTEMPT, AMQPValue::LongLongInt(1)),
         ],
     )
 }

@@ -124,13 +124,13 @@ async fn measure(
                 Kind::Put => common::command_props(
                     &id,
                     &[(
-                        redisched::amqp::headers::DELAY,
+                        redisched::job::headers::DELAY,
                         AMQPValue::LongLongInt(3_600_000),
                     )],
                 ),
                 Kind::Delete => common::command_props(
                     &id,
-                    &[(redisched::amqp::headers::OP, common::text("delete"))],
+                    &[(redisched::job::headers::OP, common::text("delete"))],
                 ),
             };
             ("bench".to_string(), props, command_body.clone())

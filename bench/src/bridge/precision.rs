@@ -52,7 +52,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
-use redisched::amqp::headers;
+use redisched::job::headers;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 

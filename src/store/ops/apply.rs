@@ -10,11 +10,11 @@ use redis::Value;
 
 use super::put::{PutOutcome, PutRequest};
 use super::{delete, put};
+use crate::job::spec::ScheduleSpec;
 use crate::job::{JobId, Topic};
 use crate::store::call::Call;
 use crate::store::durable::{judge, Replication};
 use crate::store::error::Rejection;
-use crate::store::types::ScheduleSpec;
 use crate::store::{Store, StoreError};
 
 /// A command to apply to the store, as decoded from AMQP, HTTP or the CLI.

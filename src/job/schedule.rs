@@ -35,8 +35,8 @@ use chrono::{DateTime, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
 
+use super::spec::{ScheduleSpec, MAX_SPEC_BYTES};
 use crate::job::Due;
-use crate::store::{ScheduleSpec, MAX_SPEC_BYTES};
 
 /// Zone of a cron schedule given without one.
 pub const DEFAULT_TZ: &str = "UTC";

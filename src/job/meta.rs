@@ -5,11 +5,10 @@
 //! arrays, byte arrays, typed integers), compact, and readable by any AMQP codec.
 
 use lapin::protocol::basic::{gen_properties, parse_properties, AMQPProperties};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
 
 use super::headers;
-use crate::store::ReservedJob;
 
 /// How deeply a header value may nest tables and arrays (a scalar is 0 levels, a table
 /// of scalars 1). Deeper commands are refused: the AMQP codec recurses once per level
@@ -275,36 +274,43 @@ pub fn jitter_of(props: &AMQPProperties) -> u64 {
     u64::try_from(ms).unwrap_or(0)
 }
 
-/// The properties a due job is published with: its stored ones, persistent, with the
-/// job id as message_id and the `x-redisched-*` delivery headers. `due_at` is the time
-/// the job was due (a series occurrence's jittered time), `job.due_at` its scheduled
-/// time (`x-redisched-scheduled-at`).
-pub fn outgoing_properties(
-    topic: &str,
-    job: &ReservedJob,
-    stored: AMQPProperties,
-    due_at: i64,
-) -> BasicProperties {
-    let mut table = stored.headers().clone().unwrap_or_default();
-    table.insert(
-        headers::TOPIC.into(),
-        AMQPValue::LongString(LongString::from(topic.as_bytes().to_vec())),
-    );
-    table.insert(headers::DUE_AT.into(), AMQPValue::LongLongInt(due_at));
-    table.insert(
-        headers::SCHEDULED_AT.into(),
-        AMQPValue::LongLongInt(job.due_at),
-    );
-    table.insert(
-        headers::ATTEMPT.into(),
-        AMQPValue::LongLongInt(i64::from(job.attempt)),
-    );
-    let message_id = ShortString::try_new(job.id.clone())
-        .unwrap_or_else(|_| ShortString::from(job.id.chars().take(64).collect::<String>()));
-    stored
-        .with_headers(table)
-        .with_message_id(message_id)
-        .with_delivery_mode(2)
+/// The stored meta of a job put through REST or the CLI: its own URL
+/// (`x-redisched-url`) and a series' jitter (`x-redisched-jitter`, which dispatch reads
+/// from there), as an AMQP producer would have sent them; empty with neither.
+pub fn of_put(url: Option<&str>, jitter_ms: u64) -> Vec<u8> {
+    let mut table = FieldTable::default();
+    if let Some(url) = url {
+        table.insert(
+            headers::URL.into(),
+            AMQPValue::LongString(url.as_bytes().to_vec().into()),
+        );
+    }
+    if jitter_ms > 0 {
+        table.insert(
+            headers::JITTER.into(),
+            AMQPValue::LongLongInt(i64::try_from(jitter_ms).unwrap_or(i64::MAX)),
+        );
+    }
+    if table.inner().is_empty() {
+        return Vec::new();
+    }
+    encode_meta(&AMQPProperties::default().with_headers(table))
+}
+
+/// The job's own URL from its stored headers, if it has one.
+pub fn own_url(props: &AMQPProperties) -> Result<Option<String>, String> {
+    match props
+        .headers()
+        .as_ref()
+        .and_then(|t| t.inner().get(headers::URL))
+    {
+        None => Ok(None),
+        Some(AMQPValue::LongString(s)) => std::str::from_utf8(s.as_bytes())
+            .map(|s| Some(s.to_owned()))
+            .map_err(|_| format!("{} is not UTF-8 text", headers::URL)),
+        Some(AMQPValue::ShortString(s)) => Ok(Some(s.as_str().to_owned())),
+        Some(_) => Err(format!("{} must be a text header", headers::URL)),
+    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
 
-use crate::amqp::headers;
+use crate::job::headers;
 
 pub use crate::policy::{check_expires_after as check_ms, ExpiryError, MAX_EXPIRES_AFTER_MS};
 
@@ -27,7 +27,7 @@ pub fn parse_ms(name: &str, text: &str) -> Result<u64, ExpiryError> {
 /// The header's value: an integer of any AMQP width, or a numeric string.
 pub fn from_header(value: &AMQPValue) -> Result<u64, ExpiryError> {
     let name = headers::EXPIRES_AFTER;
-    if let Some(ms) = crate::amqp::integer(value) {
+    if let Some(ms) = crate::job::meta::integer(value) {
         return check_ms(name, i128::from(ms));
     }
     match value {
@@ -59,13 +59,13 @@ pub fn meta_with_expiry(meta: Vec<u8>, expires_after: Option<u64>) -> Vec<u8> {
     let Some(ms) = expires_after else {
         return meta;
     };
-    let props = crate::amqp::decode_meta(&meta).unwrap_or_default();
+    let props = crate::job::meta::decode_meta(&meta).unwrap_or_default();
     let mut table: FieldTable = props.headers().clone().unwrap_or_default();
     table.insert(
         headers::EXPIRES_AFTER.into(),
         AMQPValue::LongLongInt(i64::try_from(ms).unwrap_or(i64::MAX)),
     );
-    crate::amqp::encode_meta(&props.with_headers(table))
+    crate::job::meta::encode_meta(&props.with_headers(table))
 }
 
 /// Whether a job due at `due_at` with this expiry (0 = never) has expired at `now`
@@ -120,8 +120,9 @@ mod tests {
     fn the_meta_carries_the_header_beside_others() {
         let mut table = FieldTable::default();
         table.insert("x-tenant".into(), AMQPValue::LongInt(7));
-        let meta = crate::amqp::encode_meta(&BasicProperties::default().with_headers(table));
-        let props = crate::amqp::decode_meta(&meta_with_expiry(meta.clone(), Some(700))).unwrap();
+        let meta = crate::job::meta::encode_meta(&BasicProperties::default().with_headers(table));
+        let props =
+            crate::job::meta::decode_meta(&meta_with_expiry(meta.clone(), Some(700))).unwrap();
         assert_eq!(of_job(&props), Ok(Some(700)));
         let kept = props
             .headers()

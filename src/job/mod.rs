@@ -1,8 +1,25 @@
-//! The vocabulary every stage shares: validated topics and ids, due times, jobs.
+//! A job's vocabulary, in one place: what every stage and face says about a job.
+//!
+//! Here: validated topics and ids ([`Topic`], [`JobId`], [`IdPrefix`] for cancel by
+//! prefix), due times ([`Due`], its one range-checked constructor every face uses) and
+//! [`PutMode`]. Beside it: `headers.rs` the header names of the wire contract;
+//! `meta.rs` what of a command's properties is stored with its job and how (the AMQP
+//! 0-9-1 encoding), and the job's own URL and jitter read back from it; `schedule.rs`
+//! a series' schedule (`every`, `cron` + `tz`, jitter) and when occurrences fall;
+//! `spec.rs` the spec string a series is stored with; `expiry.rs` when a job has
+//! expired; `url.rs` the rule for a job's own URL (normalised prefix match, the
+//! address rule).
 //!
 //! Topics become part of Redis key names (inside a Cluster hash tag) and AMQP routing
 //! keys, so they are restricted to a safe alphabet; ids are only ever hash fields and
 //! sorted-set members, so they may hold any printable text.
+
+pub mod expiry;
+pub mod headers;
+pub mod meta;
+pub mod schedule;
+pub mod spec;
+pub mod url;
 
 use std::fmt;
 
