@@ -29,8 +29,8 @@ fi
 amqp_up || { echo "rabbitmq did not start" >&2; exit 1; }
 rabbitmqctl await_startup >/dev/null 2>&1 || true
 # The release before partitioned commands through the bundled consistent-hash exchange;
-# a bridge moving a deployment off that topology unbinds it (README, Partitioned
-# commands). This release's partitions do not need it. Enabling an enabled plugin is a
+# a bridge moving a deployment off that topology unbinds it (docs/src/partitions.md,
+# "Partitioned commands"). This release's partitions do not need it. Enabling an enabled plugin is a
 # no-op.
 rabbitmq-plugins enable rabbitmq_consistent_hash_exchange >/dev/null
 echo "redis and rabbitmq are up"
