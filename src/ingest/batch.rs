@@ -7,13 +7,10 @@
 
 use std::time::{Duration, Instant};
 
-use lapin::message::Delivery;
 use lapin::Channel;
 use tokio_util::sync::CancellationToken;
 
-use super::decode::{
-    decode_command, decode_prefix_delete, needs_clock, Envelope, Invalid, Rules, PREFIX_DELETE,
-};
+use super::decode::{decode_command, decode_prefix_delete, Invalid, Received, Rules};
 use super::Ingest;
 use crate::amqp;
 use crate::job::{IdPrefix, Topic};
@@ -60,50 +57,6 @@ impl Epoch {
                 *attempt += 1;
             }
         }
-    }
-}
-
-/// A job a command names, as a hash of its topic and id: batches in flight together
-/// name disjoint jobs, so commands on one job apply in delivery order, whatever order
-/// the batches finish in. Taken from the topic and id a delivery names; two jobs whose hashes
-/// collide only make a batch wait for the other, which is what a shared job would do, so
-/// a collision costs time, never order.
-pub(super) type JobKey = u64;
-
-/// A delivery as taken from the queue, with what it names (its command is decoded
-/// once its batch is applied).
-pub(super) struct Received {
-    /// Acked once applied; republished as it came when set aside.
-    pub delivery: Delivery,
-    pub envelope: Envelope,
-}
-
-impl Received {
-    pub(super) fn of(delivery: Delivery) -> Self {
-        Self {
-            envelope: Envelope::of(&delivery),
-            delivery,
-        }
-    }
-
-    /// Whether this is a `delete-prefix` (valid or not): such a command is applied on
-    /// its own, between the commands before and after it.
-    pub(super) fn is_prefix_delete(&self) -> bool {
-        self.envelope.op_name == PREFIX_DELETE
-    }
-
-    /// The job this delivery names (none without a readable id: such a command is
-    /// invalid and touches no job).
-    pub(super) fn job_key(&self) -> Option<JobKey> {
-        use std::hash::Hasher;
-        let envelope = &self.envelope;
-        let id = envelope.id.as_deref()?;
-        // Fixed keys: the same job must hash the same in every batch.
-        let mut hasher = std::hash::DefaultHasher::new();
-        hasher.write(envelope.topic.as_bytes());
-        hasher.write_u8(0xff);
-        hasher.write(id.as_bytes());
-        Some(hasher.finish())
     }
 }
 
@@ -156,7 +109,7 @@ impl Apply<'_> {
         }
         // A cron series' first occurrence is placed on the Redis server's clock, the one
         // every due time refers to: read once, before decoding, for a batch that has one.
-        let now = if batch.iter().any(|r| needs_clock(&r.delivery.properties)) {
+        let now = if batch.iter().any(|r| r.envelope.needs_clock) {
             Some(self.until_done(|| self.store.server_time()).await?)
         } else {
             None

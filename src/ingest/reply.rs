@@ -11,8 +11,8 @@ use lapin::types::{AMQPValue, LongString};
 use lapin::{BasicProperties, Channel, PublisherConfirm};
 use serde_json::json;
 
-use super::batch::{AppliedBatch, Received};
-use super::decode::Envelope;
+use super::batch::AppliedBatch;
+use super::decode::{Envelope, Received};
 use super::Ingest;
 use crate::amqp::AmqpError;
 use crate::feed::Event;

@@ -19,8 +19,8 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
 use tokio_util::sync::CancellationToken;
 
-use super::batch::{AppliedBatch, Apply, Epoch, JobKey, Received};
-use super::decode::Rules;
+use super::batch::{AppliedBatch, Apply, Epoch};
+use super::decode::{JobKey, Received, Rules};
 use super::isolation::{Careful, ISOLATION_IDLE};
 use super::lane::{Doing, HandOver, Lane, DRAIN_IDLE, HANDOVER_QUIET};
 use super::Ingest;

@@ -4,7 +4,7 @@
 
 use lapin::BasicProperties;
 
-use super::names::refuse_unknown_headers;
+use super::put::refuse_unknown_headers;
 use super::{invalid, Invalid, PREFIX_DELETE};
 use crate::job::headers;
 use crate::job::meta::{job_id, too_deep};

@@ -1,13 +1,13 @@
 //! Turning one AMQP delivery into what it names and the store command it asks for, or
-//! the reason it is invalid: [`Envelope::of`] here as the delivery is taken (topic, id,
-//! op and reply address: enough to batch it and to answer it, known even when it is
-//! invalid); then, once, as its batch is applied, its command: `put.rs` a put, replace
-//! or delete ([`decode_parts`], the entry), through `names.rs` (topic, id, op, unknown
-//! headers), `schedule.rs` (every, cron, tz, jitter), `due.rs` (the due time, a cron
-//! series' first occurrence on the Redis clock the batch read first, if
-//! [`needs_clock`]) and `value.rs` (a header value in the producer's terms);
-//! `delete_prefix.rs` a `delete-prefix`. Nothing after decoding reads the delivery's
-//! headers again (a set-aside only republishes them as they came).
+//! the reason it is invalid. Here, as the delivery is taken: [`Envelope::of`] (topic,
+//! id, op, reply address, whether its command needs the Redis clock; known even when
+//! it is invalid: enough to batch it and to answer it). Then once, as its batch is
+//! applied, its command: `put.rs` a put, replace or delete ([`decode_parts`], what it
+//! names, its body, meta and own URL) with `when.rs` (the due time, the schedule, and a
+//! cron series' first occurrence on the Redis clock the batch read first);
+//! `delete_prefix.rs` a `delete-prefix`; `value.rs` a header value read as text or
+//! milliseconds and named in the producer's terms. Nothing after decoding reads the
+//! delivery's headers again (a set-aside only republishes them as they came).
 //!
 //! The rules are the wire contract (README, "Commands in"): routing key = topic,
 //! `message_id` = job id, `x-redisched-op` = put | replace | delete | delete-prefix
@@ -19,11 +19,9 @@
 //! ([`crate::job::schedule::Schedule::from_parts`]).
 
 mod delete_prefix;
-mod due;
-mod names;
 mod put;
-mod schedule;
 mod value;
+mod when;
 
 use lapin::message::Delivery;
 use lapin::types::ShortString;
@@ -35,7 +33,6 @@ use crate::store::Limits;
 pub(super) use delete_prefix::decode_prefix_delete;
 pub(super) use put::decode_command;
 pub use put::decode_parts;
-pub use schedule::needs_clock;
 
 /// Why a command cannot be applied; becomes the `x-redisched-error` header.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -70,6 +67,8 @@ pub(super) struct Envelope {
     pub op_name: &'static str,
     /// Where to answer, if the producer asked (`reply_to`).
     pub reply: Option<ReplyTo>,
+    /// Whether its command may need the Redis server's clock ([`needs_clock`]).
+    pub needs_clock: bool,
 }
 
 /// A command's reply address: `reply_to`, and the `correlation_id` the reply carries back.
@@ -92,8 +91,68 @@ impl Envelope {
                 queue: queue.clone(),
                 correlation_id: props.correlation_id().clone(),
             }),
+            needs_clock: needs_clock(props),
         }
     }
+}
+
+/// A job a command names, as a hash of its topic and id: batches in flight together
+/// name disjoint jobs, so commands on one job apply in delivery order, whatever order
+/// the batches finish in. Taken from the topic and id a delivery names; two jobs whose
+/// hashes collide only make a batch wait for the other, which is what a shared job
+/// would do, so a collision costs time, never order.
+pub(super) type JobKey = u64;
+
+/// A delivery as taken from the queue, with what it names (its command is decoded
+/// once its batch is applied).
+#[derive(Debug)]
+pub(super) struct Received {
+    /// Acked once applied; republished as it came when set aside.
+    pub delivery: Delivery,
+    pub envelope: Envelope,
+}
+
+impl Received {
+    pub(super) fn of(delivery: Delivery) -> Self {
+        Self {
+            envelope: Envelope::of(&delivery),
+            delivery,
+        }
+    }
+
+    /// Whether this is a `delete-prefix` (valid or not): such a command is applied on
+    /// its own, between the commands before and after it.
+    pub(super) fn is_prefix_delete(&self) -> bool {
+        self.envelope.op_name == PREFIX_DELETE
+    }
+
+    /// The job this delivery names (none without a readable id: such a command is
+    /// invalid and touches no job).
+    pub(super) fn job_key(&self) -> Option<JobKey> {
+        use std::hash::Hasher;
+        let envelope = &self.envelope;
+        let id = envelope.id.as_deref()?;
+        // Fixed keys: the same job must hash the same in every batch.
+        let mut hasher = std::hash::DefaultHasher::new();
+        hasher.write(envelope.topic.as_bytes());
+        hasher.write_u8(0xff);
+        hasher.write(id.as_bytes());
+        Some(hasher.finish())
+    }
+}
+
+/// Whether decoding this delivery may need the Redis server's clock: a put or replace
+/// (`x-redisched-op` absent, `put` or `replace`) naming `x-redisched-cron`, whose first
+/// occurrence is a cron match on that clock. Read with the envelope as the delivery is
+/// taken, so its batch reads `TIME` once before decoding, and only when it has a cron
+/// series. It may say yes of a command that then turns out invalid, never no of a cron
+/// series.
+pub fn needs_clock(props: &BasicProperties) -> bool {
+    let cron = props
+        .headers()
+        .as_ref()
+        .is_some_and(|t| t.inner().contains_key(headers::CRON));
+    cron && matches!(op_name(props), "put" | "replace")
 }
 
 /// The op name a delivery asks for, for metrics and replies even when it is invalid.
@@ -184,8 +243,12 @@ mod tests {
     use lapin::message::Delivery;
     use lapin::types::ShortString;
 
-    use super::fixtures::{props, s};
-    use super::Envelope;
+    use lapin::types::AMQPValue;
+
+    use super::fixtures::{props, s, series, NOW, RULES};
+    use super::{decode_parts, invalid, needs_clock, Envelope};
+    use crate::job::Due;
+    use crate::store::Op;
 
     fn delivery(key: &str, props: lapin::BasicProperties) -> Delivery {
         let mut delivery = Delivery::mock(1, "".into(), key.into(), false, b"body".to_vec());
@@ -205,6 +268,9 @@ mod tests {
         let reply = envelope.reply.expect("a reply address");
         assert_eq!(reply.queue, ShortString::from("answers"));
         assert_eq!(reply.correlation_id, Some(ShortString::from("c-7")));
+        assert!(!envelope.needs_clock);
+        let cron = props(&[("x-redisched-cron", s("0 9 * * *"))]);
+        assert!(Envelope::of(&delivery("orders", cron)).needs_clock);
         for (op, named) in [
             (None, "put"),
             (Some("put"), "put"),
@@ -219,5 +285,49 @@ mod tests {
             assert_eq!(envelope.topic, "a{b}");
             assert!(envelope.reply.is_none());
         }
+    }
+
+    #[test]
+    fn a_batch_reads_the_clock_only_for_a_put_or_replace_naming_a_cron() {
+        let cron = || ("x-redisched-cron", s("0 9 * * *"));
+        assert!(needs_clock(&props(&[cron()])));
+        assert!(needs_clock(&props(&[("x-redisched-op", s("put")), cron()])));
+        assert!(needs_clock(&props(&[
+            ("x-redisched-op", s("replace")),
+            cron()
+        ])));
+        assert!(!needs_clock(&props(&[
+            ("x-redisched-op", s("delete")),
+            cron()
+        ])));
+        assert!(!needs_clock(&props(&[
+            ("x-redisched-op", s("upsert")),
+            cron()
+        ])));
+        let every = || ("x-redisched-every", AMQPValue::LongInt(5000));
+        assert!(!needs_clock(&props(&[every()])));
+        assert!(!needs_clock(&props(&[])));
+        assert!(!needs_clock(&lapin::BasicProperties::default()));
+        // Without the clock a cron series could not be placed: never no of one.
+        let err = decode_parts("t", &props(&[cron()]), b"", RULES, None).expect_err("no clock");
+        assert_eq!(
+            err,
+            invalid("internal: a cron series decoded without the Redis server's clock")
+        );
+        // Anything else decodes without it, as it would with it.
+        for headers in [
+            vec![every()],
+            vec![],
+            vec![("x-delay", AMQPValue::LongInt(5))],
+        ] {
+            let without = decode_parts("t", &props(&headers), b"", RULES, None);
+            let with = decode_parts("t", &props(&headers), b"", RULES, Some(NOW));
+            assert_eq!(without, with);
+            assert!(matches!(without.map(|c| c.op), Ok(Op::Put(_))));
+        }
+        assert!(matches!(
+            series(&[cron()]).map(|(due, _)| due),
+            Ok(Due::At(at)) if at > NOW
+        ));
     }
 }

@@ -1,22 +1,23 @@
 //! A put, replace or delete (`x-redisched-op` absent, `put`, `replace` or `delete`): its
-//! headers read in the wire table's order, each refused in the producer's terms (the
-//! names, then for a put or replace the schedule, the due time, the body and the
-//! properties stored with the job), a job's own URL checked against the targets, and
+//! headers read in the wire table's order, each refused in the producer's terms: what
+//! it names (topic = routing key, job id = `message_id` or `x-redisched-id`, the op;
+//! an `x-redisched-*` header the bridge does not know is refused first), then for a put
+//! or replace when it is due and how it repeats (`when.rs`), the body and the
+//! properties stored with the job; a job's own URL checked against the targets; and
 //! the store command, a cron series' first occurrence placed on the clock its batch
 //! read before decoding.
 
 use lapin::message::Delivery;
-use lapin::types::AMQPValue;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
 
-use super::due::{due_of, first_due};
-use super::names::{op_of, refuse_unknown_headers, topic_and_id, OpName};
-use super::schedule::schedule;
-use super::{invalid, Invalid, Rules};
+use super::value::{show, text};
+use super::when::{due_of, first_due, schedule};
+use super::{invalid, Invalid, Rules, PREFIX_DELETE};
 use crate::job::headers;
-use crate::job::meta::{encode_meta, forwardable, too_deep, with_plugin_delay};
+use crate::job::meta::{encode_meta, forwardable, job_id, too_deep, with_plugin_delay};
 use crate::job::schedule::Schedule;
-use crate::job::{Due, PutMode};
+use crate::job::{Due, JobId, PutMode, Topic};
 use crate::store::{Command, Op, PutRequest};
 use crate::targets::TargetConfig;
 
@@ -200,12 +201,88 @@ fn url_of(value: &AMQPValue) -> Result<String, Invalid> {
     }
 }
 
+/// The op a command asks for, as named in `x-redisched-op`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpName {
+    Put,
+    Replace,
+    Delete,
+}
+
+/// The topic (routing key) and the job id (`message_id`, or `x-redisched-id`).
+fn topic_and_id(routing_key: &str, props: &BasicProperties) -> Result<(Topic, JobId), Invalid> {
+    let topic =
+        Topic::new(routing_key).map_err(|e| invalid(format!("bad topic (routing key): {e}")))?;
+    let id = job_id(props).map_err(invalid)?.ok_or_else(|| {
+        invalid(format!(
+            "missing message_id (or header {}): it carries the job id",
+            headers::ID
+        ))
+    })?;
+    let source = if props.message_id().is_some() {
+        "message_id"
+    } else {
+        headers::ID
+    };
+    let id = JobId::new(&id).map_err(|e| invalid(format!("bad {source}: {e}")))?;
+    Ok((topic, id))
+}
+
+/// `x-redisched-op` of a batched command (a `delete-prefix` never reaches here).
+fn op_of(value: Option<&AMQPValue>) -> Result<OpName, Invalid> {
+    let Some(value) = value else {
+        return Ok(OpName::Put);
+    };
+    match text(value).as_deref() {
+        Some("put") => Ok(OpName::Put),
+        Some("replace") => Ok(OpName::Replace),
+        Some("delete") => Ok(OpName::Delete),
+        Some(PREFIX_DELETE) => Err(invalid(format!(
+            "internal: {PREFIX_DELETE} is applied on its own, not in a batch"
+        ))),
+        _ => Err(invalid(format!(
+            "unknown {}: {} (expected put, replace, delete or {PREFIX_DELETE})",
+            headers::OP,
+            show(value)
+        ))),
+    }
+}
+
+/// Refuses any `x-redisched-*` header (any case) the bridge does not know.
+pub(super) fn refuse_unknown_headers(table: &FieldTable) -> Result<(), Invalid> {
+    let mut unknown: Vec<&str> = table
+        .inner()
+        .keys()
+        .map(|key| key.as_str())
+        .filter(|key| {
+            key.get(..headers::PREFIX.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(headers::PREFIX))
+                && !headers::KNOWN.contains(key)
+        })
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    unknown.sort_unstable();
+    Err(invalid(format!(
+        "unknown header{} {} (a command may carry {}, {}, {}, {}, {}, {})",
+        if unknown.len() == 1 { "" } else { "s" },
+        unknown.join(", "),
+        headers::OP,
+        headers::ID,
+        headers::EVERY,
+        headers::CRON,
+        headers::TZ,
+        headers::JITTER,
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use lapin::types::{AMQPValue, FieldTable};
     use lapin::BasicProperties;
 
-    use super::super::fixtures::{dp, props, s, NOW, RULES};
+    use super::super::fixtures::{dp, props, refused, s, NOW, RULES};
     use super::super::needs_clock;
     use super::decode_parts;
     use crate::job::headers;
@@ -297,5 +374,54 @@ mod tests {
         // A one-shot put stays one-shot.
         let plain = decode_parts("t", &props(&[]), b"", RULES, None).expect("valid");
         assert_eq!(plain.schedule, None);
+    }
+
+    #[test]
+    fn unknown_bridge_headers_are_refused_and_output_headers_ignored() {
+        let err = refused(&[("x-redisched-evry", AMQPValue::LongInt(5000))]);
+        assert!(err.contains("unknown header x-redisched-evry"), "{err}");
+        let err = refused(&[("X-Redisched-Op", s("delete"))]);
+        assert!(err.contains("unknown header X-Redisched-Op"), "{err}");
+        let err = dp(
+            "t",
+            &props(&[
+                ("x-redisched-op", s("delete")),
+                ("x-redisched-priority", s("high")),
+                ("x-redisched-ttl", s("5")),
+            ]),
+            b"",
+        )
+        .expect_err("even on a delete");
+        assert!(
+            err.0
+                .contains("unknown headers x-redisched-priority, x-redisched-ttl"),
+            "{err}"
+        );
+        // Headers the bridge writes itself: a fixed set-aside command or a delivered
+        // job re-published as a command is accepted, and they are not stored.
+        let command = decode_parts(
+            "t",
+            &props(&[
+                ("x-redisched-error", s("old reason")),
+                ("x-redisched-topic", s("t")),
+                ("x-redisched-due-at", AMQPValue::LongLongInt(5)),
+                ("x-redisched-attempt", AMQPValue::LongLongInt(2)),
+                ("x-redisched-every", AMQPValue::LongInt(5000)),
+                ("other", s("kept")),
+            ]),
+            b"",
+            RULES,
+            Some(NOW),
+        )
+        .expect("accepted");
+        let Op::Put(put) = command.op else {
+            panic!("a put")
+        };
+        let stored = crate::job::meta::decode_meta(&put.meta).expect("meta");
+        let headers = stored.headers().clone().expect("headers");
+        let mut names: Vec<&str> = headers.inner().keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        // The schedule header travels with each occurrence as given.
+        assert_eq!(names, ["other", "x-redisched-every"]);
     }
 }

@@ -1,31 +1,84 @@
-//! A series' headers: `x-redisched-every` (ms), or `x-redisched-cron` with
-//! `x-redisched-tz`, and `x-redisched-jitter` (ms), read as every face reads them
-//! ([`Schedule::from_parts`]); and whether a delivery's batch must read the Redis
-//! server's clock before it is decoded ([`needs_clock`]).
+//! When a put is due and how it repeats: `x-delay` (ms from now, at most
+//! `limits.max_delay_ms`) or `x-deliver-at` (epoch ms) as given; a series'
+//! `x-redisched-every` (ms), or `x-redisched-cron` with `x-redisched-tz`, and
+//! `x-redisched-jitter` (ms), read as every face reads them
+//! ([`Schedule::from_parts`]); and its first occurrence: a series' one interval from
+//! now unless given, a cron series' the first match on the Redis server's clock.
 
-use lapin::types::FieldTable;
-use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable};
 
-use super::value::{show, text};
+use super::value::{millis, show, text};
 use super::{invalid, Invalid};
 use crate::job::headers;
 use crate::job::meta::integer;
 use crate::job::schedule::{parse_jitter, PartsError, Schedule, ScheduleParts};
+use crate::job::Due;
+use crate::store::Limits;
 
-/// Whether decoding this delivery may need the Redis server's clock: a put or replace
-/// (`x-redisched-op` absent, `put` or `replace`) naming `x-redisched-cron`, whose first
-/// occurrence is a cron match on that clock. Asked of each delivery of a batch before
-/// it is decoded, so a batch reads `TIME` once, and only when it has a cron series. It
-/// may say yes of a command that then turns out invalid, never no of a cron series.
-pub fn needs_clock(props: &BasicProperties) -> bool {
-    let Some(table) = props.headers().as_ref() else {
-        return false;
-    };
-    let put = match table.inner().get(headers::OP) {
-        None => true,
-        Some(op) => matches!(text(op).as_deref(), Some("put" | "replace")),
-    };
-    put && table.inner().contains_key(headers::CRON)
+/// The due time asked for: `x-delay` (at most `limits.max_delay_ms`) or `x-deliver-at`,
+/// never both; `None` for neither.
+pub(super) fn due_of(
+    delay: Option<&AMQPValue>,
+    deliver_at: Option<&AMQPValue>,
+    limits: Limits,
+) -> Result<Option<Due>, Invalid> {
+    match (delay, deliver_at) {
+        (Some(_), Some(_)) => Err(invalid(format!(
+            "both {} and {} are set; give one",
+            headers::DELAY,
+            headers::DELIVER_AT
+        ))),
+        (Some(delay), None) => {
+            let (ms, given) = millis(delay, headers::DELAY)?;
+            let due = Due::delay(headers::DELAY, &given, ms).map_err(|e| invalid(e.to_string()))?;
+            if ms > i128::from(limits.max_delay_ms) {
+                return Err(invalid(format!(
+                    "{} {given} ms exceeds the maximum delay of {} ms",
+                    headers::DELAY,
+                    limits.max_delay_ms
+                )));
+            }
+            Ok(Some(due))
+        }
+        (None, Some(at)) => {
+            let (ms, given) = millis(at, headers::DELIVER_AT)?;
+            Due::at(headers::DELIVER_AT, &given, ms)
+                .map(Some)
+                .map_err(|e| invalid(e.to_string()))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+/// A put's first occurrence: as given, else now; a series' as given, else one interval
+/// from now; a cron series' the first match at or after the start given (after now
+/// without one), on `now_ms`, the Redis server's clock as the batch read it before
+/// decoding (`super::needs_clock`), the clock every due time refers to.
+pub(super) fn first_due(
+    schedule: Option<&Schedule>,
+    given: Option<Due>,
+    now_ms: Option<i64>,
+) -> Result<Due, Invalid> {
+    match (schedule, given) {
+        (Some(Schedule::Every { ms }), None) => {
+            Ok(Due::Delay(i64::try_from(*ms).unwrap_or(i64::MAX)))
+        }
+        (Some(cron @ Schedule::Cron { .. }), start) => {
+            let now_ms = now_ms.ok_or_else(|| {
+                invalid("internal: a cron series decoded without the Redis server's clock")
+            })?;
+            // The one rule of every face (`Schedule::first_due`): the first match at or
+            // after the requested start, which is never before now.
+            cron.first_due(start, now_ms).map_err(|_| {
+                invalid(format!(
+                    "{} {:?} has no occurrence after the requested start",
+                    headers::CRON,
+                    cron.cron_expr().unwrap_or_default()
+                ))
+            })
+        }
+        (_, given) => Ok(given.unwrap_or(Due::NOW)),
+    }
 }
 
 /// The schedule and jitter a put or replace asks for, if any: the headers' values as
@@ -103,11 +156,126 @@ pub(super) fn schedule(
 mod tests {
     use lapin::types::AMQPValue;
 
-    use super::super::fixtures::{props, refused, s, series, NOW, RULES};
-    use super::super::{decode_parts, invalid};
-    use super::needs_clock;
+    use super::super::decode_parts;
+    use super::super::fixtures::{due, props, refused, s, series, NOW, RULES};
     use crate::job::Due;
     use crate::store::Op;
+
+    #[test]
+    fn delays_in_every_accepted_form() {
+        assert_eq!(due(&[]), Ok(Due::NOW));
+        assert_eq!(
+            due(&[("x-delay", AMQPValue::LongInt(1500))]),
+            Ok(Due::Delay(1500))
+        );
+        assert_eq!(
+            due(&[("x-delay", AMQPValue::ShortShortUInt(7))]),
+            Ok(Due::Delay(7))
+        );
+        assert_eq!(due(&[("x-delay", s(" 250 "))]), Ok(Due::Delay(250)));
+        assert_eq!(
+            due(&[("x-delay", AMQPValue::Double(1.2))]),
+            Ok(Due::Delay(2)),
+            "rounded up"
+        );
+        assert_eq!(due(&[("x-delay", s("2.5"))]), Ok(Due::Delay(3)));
+        assert_eq!(
+            due(&[("x-delay", AMQPValue::LongInt(-40))]),
+            Ok(Due::Delay(0))
+        );
+        assert_eq!(
+            due(&[("x-deliver-at", AMQPValue::LongLongInt(1_700_000_000_000))]),
+            Ok(Due::At(1_700_000_000_000))
+        );
+    }
+
+    #[test]
+    fn bad_delays_are_refused_with_a_reason() {
+        for bad in [
+            s("soon"),
+            s("NaN"),
+            s("inf"),
+            AMQPValue::Double(f64::NAN),
+            AMQPValue::Boolean(true),
+        ] {
+            let err = due(&[("x-delay", bad.clone())]).expect_err("refused");
+            assert!(err.0.contains("x-delay"), "{err} for {bad:?}");
+        }
+        let err = due(&[("x-delay", AMQPValue::LongLongInt(86_400_001))]).expect_err("too long");
+        assert!(err.0.contains("exceeds the maximum delay"), "{err}");
+        let err = due(&[("x-delay", AMQPValue::Double(1e300))]).expect_err("too long");
+        assert!(
+            err.0.contains("out of range") || err.0.contains("exceeds"),
+            "{err}"
+        );
+        let err = due(&[
+            ("x-delay", AMQPValue::LongInt(5)),
+            ("x-deliver-at", AMQPValue::LongInt(5)),
+        ])
+        .expect_err("both");
+        assert!(err.0.contains("both"), "{err}");
+    }
+
+    #[test]
+    fn cron_series_first_occurrence_on_the_server_clock() {
+        // NOW is Tuesday 2026-12-01T00:00:00Z.
+        let hour = 3_600_000;
+        assert_eq!(
+            series(&[("x-redisched-cron", s("0 9 * * *"))]),
+            Ok((
+                Due::At(NOW + 9 * hour),
+                Some("cron:0 9 * * *|UTC".to_owned())
+            ))
+        );
+        assert_eq!(
+            series(&[
+                ("x-redisched-cron", s("0 9 * * MON-FRI")),
+                ("x-redisched-tz", s("Europe/Berlin")),
+            ]),
+            Ok((
+                Due::At(NOW + 8 * hour),
+                Some("cron:0 9 * * MON-FRI|Europe/Berlin".to_owned())
+            ))
+        );
+        // Strictly after now without a start; at or after the start with one.
+        assert_eq!(
+            series(&[("x-redisched-cron", s("0 0 * * *"))]).map(|r| r.0),
+            Ok(Due::At(NOW + 24 * hour))
+        );
+        assert_eq!(
+            series(&[
+                ("x-redisched-cron", s("0 0 * * *")),
+                ("x-delay", AMQPValue::LongInt(0)),
+            ])
+            .map(|r| r.0),
+            Ok(Due::At(NOW))
+        );
+        assert_eq!(
+            series(&[
+                ("x-redisched-cron", s("*/2 * * * * *")),
+                ("x-delay", AMQPValue::LongInt(3_000)),
+            ])
+            .map(|r| r.0),
+            Ok(Due::At(NOW + 4_000))
+        );
+        assert_eq!(
+            series(&[
+                ("x-redisched-cron", s("0 9 * * *")),
+                ("x-deliver-at", AMQPValue::LongLongInt(NOW + 10 * hour)),
+            ])
+            .map(|r| r.0),
+            Ok(Due::At(NOW + 33 * hour))
+        );
+        // A past start means now.
+        assert_eq!(
+            series(&[
+                ("x-redisched-cron", s("0 9 * * *")),
+                ("x-deliver-at", AMQPValue::LongLongInt(1_000)),
+            ])
+            .map(|r| r.0),
+            Ok(Due::At(NOW + 9 * hour))
+        );
+    }
 
     #[test]
     fn interval_series_in_every_integer_width_and_as_text() {
@@ -257,49 +425,5 @@ mod tests {
         assert!(err.contains("integer number of milliseconds"), "{err}");
         let err = refused(&[("x-redisched-jitter", AMQPValue::LongInt(500))]);
         assert!(err.contains("only used with"), "{err}");
-    }
-
-    #[test]
-    fn a_batch_reads_the_clock_only_for_a_put_or_replace_naming_a_cron() {
-        let cron = || ("x-redisched-cron", s("0 9 * * *"));
-        assert!(needs_clock(&props(&[cron()])));
-        assert!(needs_clock(&props(&[("x-redisched-op", s("put")), cron()])));
-        assert!(needs_clock(&props(&[
-            ("x-redisched-op", s("replace")),
-            cron()
-        ])));
-        assert!(!needs_clock(&props(&[
-            ("x-redisched-op", s("delete")),
-            cron()
-        ])));
-        assert!(!needs_clock(&props(&[
-            ("x-redisched-op", s("upsert")),
-            cron()
-        ])));
-        let every = || ("x-redisched-every", AMQPValue::LongInt(5000));
-        assert!(!needs_clock(&props(&[every()])));
-        assert!(!needs_clock(&props(&[])));
-        assert!(!needs_clock(&lapin::BasicProperties::default()));
-        // Without the clock a cron series could not be placed: never no of one.
-        let err = decode_parts("t", &props(&[cron()]), b"", RULES, None).expect_err("no clock");
-        assert_eq!(
-            err,
-            invalid("internal: a cron series decoded without the Redis server's clock")
-        );
-        // Anything else decodes without it, as it would with it.
-        for headers in [
-            vec![every()],
-            vec![],
-            vec![("x-delay", AMQPValue::LongInt(5))],
-        ] {
-            let without = decode_parts("t", &props(&headers), b"", RULES, None);
-            let with = decode_parts("t", &props(&headers), b"", RULES, Some(NOW));
-            assert_eq!(without, with);
-            assert!(matches!(without.map(|c| c.op), Ok(Op::Put(_))));
-        }
-        assert!(matches!(
-            series(&[cron()]).map(|(due, _)| due),
-            Ok(Due::At(at)) if at > NOW
-        ));
     }
 }
