@@ -453,6 +453,31 @@ fn the_faces_never_import_each_other() {
     );
 }
 
+/// Ingest's consumers (a lane's session, the router) and what they share (lanes,
+/// isolation, decoding, applying, answering) never reach into the partitioned-commands
+/// feature (`ingest/partitions.rs`): it is built from them, not the other way round.
+#[test]
+fn ingest_rooms_never_import_the_partitions_feature() {
+    let sources = sources();
+    let modules: BTreeSet<Vec<String>> = sources.iter().map(|s| s.module.clone()).collect();
+    let feature = vec!["ingest".to_string(), "partitions".to_string()];
+    let mut found = Vec::new();
+    for source in &sources {
+        let in_ingest = source.module.first().is_some_and(|m| m == "ingest");
+        if !in_ingest || source.module.len() < 2 || source.module == feature {
+            continue;
+        }
+        if imports(source, &modules).contains(&feature) {
+            found.push(rel(&source.file));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "these import ingest/partitions.rs (lanes live in lane.rs, isolation in isolation.rs):\n  {}",
+        found.join("\n  ")
+    );
+}
+
 #[test]
 fn only_the_store_names_a_redis_client() {
     let mut found = Vec::new();

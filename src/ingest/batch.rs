@@ -1,15 +1,16 @@
-//! Applying one decoded batch to the store: a cron series' first occurrence resolved on
-//! the server's clock, the commands applied fenced by the session's epoch, retried while
-//! Redis is unreachable (never once the batch's channel closed), and held unacked until
-//! `redis.wait_replicas` replicas confirmed them; the session's epoch that fences it. A `delete-prefix` is a batch of its own.
+//! Applying one batch to the store, the one place a command is decoded: the Redis
+//! server's clock read first if a put in the batch names a cron series (one `TIME`),
+//! each delivery decoded once into its command (`decode/`), the commands applied
+//! fenced by the session's epoch, retried while Redis is unreachable (never once the
+//! batch's channel closed), and held unacked until `redis.wait_replicas` replicas
+//! confirmed them. A `delete-prefix` is a batch of its own.
 
 use std::time::{Duration, Instant};
 
-use lapin::message::Delivery;
 use lapin::Channel;
 use tokio_util::sync::CancellationToken;
 
-use super::decode::{Decoded, Envelope, Incoming, Invalid, Request, PREFIX_DELETE};
+use super::decode::{decode_command, decode_prefix_delete, Invalid, Received, Rules};
 use super::Ingest;
 use crate::amqp;
 use crate::job::{IdPrefix, Topic};
@@ -59,134 +60,46 @@ impl Epoch {
     }
 }
 
-/// A job a command names, as a hash of its topic and id: batches in flight together
-/// name disjoint jobs, so commands on one job apply in delivery order, whatever order
-/// the batches finish in. Taken from the decoded topic and id; two jobs whose hashes collide only make a batch wait for the other, which
-/// is what a shared job would do, so a collision costs time, never order.
-pub(super) type JobKey = u64;
-
-/// A delivery as taken from the queue, decoded once.
-pub(super) struct Received {
-    /// Acked once applied; republished as it came when set aside.
-    pub delivery: Delivery,
-    pub incoming: Incoming,
-}
-
-impl Received {
-    /// Whether this is a `delete-prefix` (valid or not): such a command is applied on
-    /// its own, between the commands before and after it.
-    pub(super) fn is_prefix_delete(&self) -> bool {
-        self.incoming.envelope.op_name == PREFIX_DELETE
-    }
-
-    /// The job this delivery names (none without a readable id: such a command is
-    /// invalid and touches no job).
-    pub(super) fn job_key(&self) -> Option<JobKey> {
-        use std::hash::Hasher;
-        let envelope = &self.incoming.envelope;
-        let id = envelope.id.as_deref()?;
-        // Fixed keys: the same job must hash the same in every batch.
-        let mut hasher = std::hash::DefaultHasher::new();
-        hasher.write(envelope.topic.as_bytes());
-        hasher.write_u8(0xff);
-        hasher.write(id.as_bytes());
-        Some(hasher.finish())
-    }
-}
-
-/// What a batch in flight names: its jobs (sorted, without duplicates), or everything
-/// (a `delete-prefix`, whose jobs are only known once it ran, so nothing may run
-/// beside it).
-pub(super) struct Named {
-    jobs: Vec<JobKey>,
-    barrier: bool,
-}
-
-impl Named {
-    pub(super) fn jobs(mut jobs: Vec<JobKey>) -> Self {
-        jobs.sort_unstable();
-        jobs.dedup();
-        Self {
-            jobs,
-            barrier: false,
-        }
-    }
-
-    pub(super) fn barrier() -> Self {
-        Self {
-            jobs: Vec::new(),
-            barrier: true,
-        }
-    }
-
-    pub(super) fn conflicts(&self, other: &Named) -> bool {
-        if self.barrier || other.barrier {
-            return true;
-        }
-        // Both sorted: one merge walk.
-        let (mut a, mut b) = (self.jobs.iter().peekable(), other.jobs.iter().peekable());
-        while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
-            match x.cmp(y) {
-                std::cmp::Ordering::Less => {
-                    a.next();
-                }
-                std::cmp::Ordering::Greater => {
-                    b.next();
-                }
-                std::cmp::Ordering::Equal => return true,
-            }
-        }
-        false
-    }
-}
-
 /// A batch as applied: its deliveries, for each whether it decoded (or why it is
 /// invalid), the valid ones' commands and the store's result for each, in order.
 pub(super) struct AppliedBatch {
     /// Each delivery with what it names, in order.
-    pub batch: Vec<(Delivery, Envelope)>,
+    pub batch: Vec<Received>,
     pub commands: Vec<Result<(), Invalid>>,
-    /// The valid commands, in order: moved here, not cloned, from the decoded batch.
+    /// The valid commands, in order.
     pub ops: Vec<Command>,
     pub results: Vec<Result<Applied, Rejection>>,
     /// A `delete-prefix` batch (its one delivery): how many jobs went, or why not.
     pub prefix: Option<Result<u64, Invalid>>,
 }
 
-/// A batch's deliveries with what each names, their commands taken out.
-fn envelopes(batch: Vec<Received>) -> Vec<(Delivery, Envelope)> {
-    batch
-        .into_iter()
-        .map(|Received { delivery, incoming }| (delivery, incoming.envelope))
-        .collect()
+/// What applying a session's batches needs: the lane's store (whose fence its writes
+/// use), the channel they came on, the session's epoch, the rules commands are decoded
+/// by. Shared by the session's batches in flight.
+pub(super) struct Apply<'a> {
+    pub ingest: &'a Ingest,
+    pub store: &'a Store,
+    pub channel: Channel,
+    pub epoch: Epoch,
+    pub rules: Rules,
+    pub shutdown: &'a CancellationToken,
 }
 
-impl Ingest {
-    /// Applies a decoded batch; several may run at once. `None`: shutdown came, or
-    /// the consumer channel closed, while Redis was unreachable, or the session was
-    /// superseded (fenced); the batch stays unacked and is redelivered.
-    pub(super) async fn apply_batch(
-        &self,
-        store: &Store,
-        channel: &Channel,
-        batch: Vec<Received>,
-        epoch: &Epoch,
-        shutdown: &CancellationToken,
-    ) -> Option<AppliedBatch> {
+impl Apply<'_> {
+    /// Decodes and applies a batch taken; several may run at once. `None`: shutdown
+    /// came, or the consumer channel closed, while Redis was unreachable, or the session
+    /// was superseded (fenced); the batch stays unacked and is redelivered.
+    pub(super) async fn batch(&self, batch: Vec<Received>) -> Option<AppliedBatch> {
         if let [received] = batch.as_slice() {
             if received.is_prefix_delete() {
-                let prefix = match &received.incoming.command {
-                    Ok(Request::PrefixDelete { topic, prefix }) => {
-                        self.apply_prefix(store, channel, topic, prefix, epoch, shutdown)
-                            .await?
-                    }
-                    Ok(Request::Batched(_)) => Err(Invalid(format!(
-                        "internal: {PREFIX_DELETE} decoded as a batched command"
-                    ))),
-                    Err(invalid) => Err(invalid.clone()),
+                let delivery = &received.delivery;
+                let key = delivery.routing_key.as_str();
+                let prefix = match decode_prefix_delete(key, &delivery.properties) {
+                    Ok((topic, prefix)) => self.prefix(&topic, &prefix).await?,
+                    Err(invalid) => Err(invalid),
                 };
                 return Some(AppliedBatch {
-                    batch: envelopes(batch),
+                    batch,
                     commands: Vec::new(),
                     ops: Vec::new(),
                     results: Vec::new(),
@@ -194,43 +107,21 @@ impl Ingest {
                 });
             }
         }
-        let mut decoded: Vec<Result<Decoded, Invalid>> = Vec::with_capacity(batch.len());
-        let mut kept = Vec::with_capacity(batch.len());
-        for Received { delivery, incoming } in batch {
-            decoded.push(match incoming.command {
-                Ok(Request::Batched(command)) => Ok(command),
-                Ok(Request::PrefixDelete { .. }) => Err(Invalid(format!(
-                    "internal: {PREFIX_DELETE} is applied on its own, not in a batch"
-                ))),
-                Err(invalid) => Err(invalid),
-            });
-            kept.push((delivery, incoming.envelope));
-        }
-        let batch = kept;
-        // The one step left after decoding: a cron series' first occurrence is computed
-        // on the Redis server's clock, the one every due time refers to (one TIME call
-        // for a batch that has any), by `Decoded::resolve`.
-        let needs_now = decoded
-            .iter()
-            .any(|d| d.as_ref().is_ok_and(Decoded::needs_now));
-        let now = if needs_now {
-            self.until_done(shutdown, channel, || store.server_time())
-                .await?
+        // A cron series' first occurrence is placed on the Redis server's clock, the one
+        // every due time refers to: read once, before decoding, for a batch that has one.
+        let now = if batch.iter().any(|r| r.envelope.needs_clock) {
+            Some(self.until_done(|| self.store.server_time()).await?)
         } else {
-            0
+            None
         };
-        let mut ops: Vec<Command> = Vec::with_capacity(decoded.len());
-        let commands: Vec<Result<(), Invalid>> = decoded
-            .into_iter()
-            .map(|d| d.and_then(|d| d.resolve(now)).map(|c| ops.push(c)))
+        let targets = &self.ingest.config.targets;
+        let mut ops: Vec<Command> = Vec::with_capacity(batch.len());
+        let commands: Vec<Result<(), Invalid>> = batch
+            .iter()
+            .map(|r| decode_command(&r.delivery, self.rules, targets, now).map(|c| ops.push(c)))
             .collect();
         let sent = Instant::now();
-        let (results, replication) = self
-            .until_done(shutdown, channel, || {
-                self.apply(store, channel, &ops, epoch)
-            })
-            .await
-            .flatten()?;
+        let (results, replication) = self.until_done(|| self.apply(&ops)).await.flatten()?;
         if let Some(fenced) = first_fenced(&results) {
             // Another bridge took over these commands' topics (our deliveries went back
             // to the broker): end the session, acking nothing; what this batch applied
@@ -238,10 +129,7 @@ impl Ingest {
             tracing::warn!(reason = %fenced, "this ingest session was superseded; reconnecting");
             return None;
         }
-        if !self
-            .until_replicated(store, channel, &ops, epoch, replication, sent, shutdown)
-            .await
-        {
+        if !self.until_replicated(&ops, replication, sent).await {
             return None;
         }
         Some(AppliedBatch {
@@ -254,22 +142,15 @@ impl Ingest {
     }
 
     /// Applies a `delete-prefix` alone (every batch before it is acked, none after it
-    /// started), fenced like puts and deletes. `None` as for [`Ingest::apply_batch`].
-    async fn apply_prefix(
-        &self,
-        store: &Store,
-        channel: &Channel,
-        topic: &Topic,
-        prefix: &IdPrefix,
-        epoch: &Epoch,
-        shutdown: &CancellationToken,
-    ) -> Option<Result<u64, Invalid>> {
-        let fenced = self.config.amqp.single_active_consumer;
+    /// started), fenced like puts and deletes. `None` as for [`Apply::batch`].
+    async fn prefix(&self, topic: &Topic, prefix: &IdPrefix) -> Option<Result<u64, Invalid>> {
+        let (store, epoch) = (self.store, &self.epoch);
+        let fenced = self.ingest.config.amqp.single_active_consumer;
         let outcome = self
-            .until_done(shutdown, channel, || async {
+            .until_done(|| async {
                 let used = if fenced {
                     let taken = epoch.get(store).await?;
-                    if !still_ours(channel, &taken).await {
+                    if !still_ours(&self.channel, &taken).await {
                         return Ok(None);
                     }
                     Some(taken.epoch)
@@ -307,51 +188,43 @@ impl Ingest {
     /// and they would fence each other); with `redis.wait_replicas`, says what the
     /// replicas confirmed.
     ///
-    /// `Ok(None)`: not applied, because `channel` closed while the epoch was taken.
+    /// `Ok(None)`: not applied, because the channel closed while the epoch was taken.
     async fn apply(
         &self,
-        store: &Store,
-        channel: &Channel,
         ops: &[Command],
-        epoch: &Epoch,
     ) -> Result<Option<(Vec<Result<Applied, Rejection>>, Replication)>, StoreError> {
-        if !self.config.amqp.single_active_consumer {
-            return store.apply_batch(ops, None).await.map(Some);
+        if !self.ingest.config.amqp.single_active_consumer {
+            return self.store.apply_batch(ops, None).await.map(Some);
         }
-        let taken = epoch.get(store).await?;
-        if !still_ours(channel, &taken).await {
+        let taken = self.epoch.get(self.store).await?;
+        if !still_ours(&self.channel, &taken).await {
             return Ok(None);
         }
         let used = taken.epoch;
-        let result = store.apply_batch(ops, Some(used)).await;
+        let result = self.store.apply_batch(ops, Some(used)).await;
         if result.is_err() {
             // The request may still reach Redis later over the old connection: the
             // retry writes with a newer epoch, so that late arrival is refused.
-            epoch.expire(used).await;
+            self.epoch.expire(used).await;
         }
         result.map(Some)
     }
 
     /// Retries a store call while Redis is unreachable: a command is never acked before
     /// it was applied, so an outage stalls intake instead of losing commands. `None` on
-    /// shutdown, or once `channel` (the one the batch came on) is closed: the broker has
+    /// shutdown, or once the channel the batch came on is closed: the broker has
     /// taken the batch back and may have given it to another bridge, which may have
     /// applied it and the commands after it, so applying it here now could undo a later
     /// delete or replace (found by `tests/chaos.rs`; `tests/faults/bridge_faults.rs`,
     /// `a_bridge_that_lost_its_batch_does_not_apply_it_later`).
-    async fn until_done<T, F, Fut>(
-        &self,
-        shutdown: &CancellationToken,
-        channel: &Channel,
-        mut call: F,
-    ) -> Option<T>
+    async fn until_done<T, F, Fut>(&self, mut call: F) -> Option<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, StoreError>>,
     {
         let mut backoff = Duration::from_millis(100);
         loop {
-            if !channel.status().connected() {
+            if !self.channel.status().connected() {
                 tracing::warn!("commands channel closed while Redis was unavailable; the broker redelivers the batch, it is not applied here");
                 return None;
             }
@@ -372,7 +245,7 @@ impl Ingest {
                 }
             }
             tokio::select! {
-                _ = shutdown.cancelled() => return None,
+                _ = self.shutdown.cancelled() => return None,
                 _ = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -384,23 +257,19 @@ impl Ingest {
     /// `redis.wait_timeout_ms`), and applies the batch again, in order, when the
     /// connection that wrote it was replaced (the outcomes of the first application stand).
     /// Never nacks: a requeued command counts towards the queue's delivery limit and
-    /// would be dead-lettered while valid. `false` on shutdown, once `channel` closed (the
-    /// broker took the batch back: see [`Ingest::until_done`]), or when the re-applied
+    /// would be dead-lettered while valid. `false` on shutdown, once the channel closed (the
+    /// broker took the batch back: see [`Apply::until_done`]), or when the re-applied
     /// batch was fenced: the batch stays unacked and is redelivered.
-    #[allow(clippy::too_many_arguments)]
     async fn until_replicated(
         &self,
-        store: &Store,
-        channel: &Channel,
         commands: &[Command],
-        epoch: &Epoch,
         mut replication: Replication,
         sent: Instant,
-        shutdown: &CancellationToken,
     ) -> bool {
+        let ingest = self.ingest;
         let (wanted, timeout_ms) = (
-            self.config.redis.wait_replicas,
-            self.config.redis.wait_timeout_ms,
+            ingest.config.redis.wait_replicas,
+            ingest.config.redis.wait_timeout_ms,
         );
         let mut pause = Duration::from_millis(100);
         let mut held = false;
@@ -408,7 +277,8 @@ impl Ingest {
             let mark = match replication {
                 Replication::NotAsked => return true,
                 Replication::Confirmed { replicas } => {
-                    self.metrics
+                    ingest
+                        .metrics
                         .replication_wait
                         .observe(sent.elapsed().as_secs_f64());
                     if held {
@@ -417,10 +287,10 @@ impl Ingest {
                     return true;
                 }
                 Replication::Short { replicas, mark } => {
-                    self.metrics.replication_shortfall("timeout");
+                    ingest.metrics.replication_shortfall("timeout");
                     let detail =
                         format!("{replicas} of {wanted} replicas confirmed within {timeout_ms} ms");
-                    if self
+                    if ingest
                         .warnings
                         .admit("*", "command batches held for replicas", &detail)
                     {
@@ -429,29 +299,20 @@ impl Ingest {
                     Some(mark)
                 }
                 Replication::Replaced => {
-                    self.metrics.replication_shortfall("connection_replaced");
+                    ingest.metrics.replication_shortfall("connection_replaced");
                     tracing::warn!("the Redis connection that wrote the held command batch was replaced; applying the batch again before waiting");
                     None
                 }
             };
             held = true;
             tokio::select! {
-                _ = shutdown.cancelled() => return false,
+                _ = self.shutdown.cancelled() => return false,
                 _ = tokio::time::sleep(pause) => {}
             }
             pause = (pause * 2).min(Duration::from_secs(1));
             let next = match &mark {
-                Some(mark) => {
-                    self.until_done(shutdown, channel, || store.wait_durable(mark))
-                        .await
-                }
-                None => match self
-                    .until_done(shutdown, channel, || {
-                        self.apply(store, channel, commands, epoch)
-                    })
-                    .await
-                    .flatten()
-                {
+                Some(mark) => self.until_done(|| self.store.wait_durable(mark)).await,
+                None => match self.until_done(|| self.apply(commands)).await.flatten() {
                     Some((results, _)) if first_fenced(&results).is_some() => {
                         tracing::warn!("this ingest session was superseded while its batch waited for replicas; reconnecting");
                         return false;

@@ -1,5 +1,5 @@
 //! Partitioned commands (`amqp.command_partitions` > 1): the router (`route.rs`), one
-//! lane per partition, the partitions shared out among the bridges announced in the
+//! lane per partition (`lane.rs`), the partitions shared out among the bridges announced in the
 //! store, and the drain of a previous topology's queues before a changed count is
 //! consumed (README, *Order*).
 
@@ -8,55 +8,18 @@ use std::time::Duration;
 use lapin::Connection;
 use tokio_util::sync::CancellationToken;
 
+use super::lane::{Lane, Share};
 use super::route::{route_commands, Routed};
 use super::{store_error, Ingest};
 use crate::amqp::{self, AmqpError};
 use crate::store::{RecordedPartitions, Store};
 
-/// A lane draining a previous topology's queue ends after this long with nothing
-/// arriving and nothing in hand; between looks, the drain waits [`DRAIN_POLL`].
-pub(super) const DRAIN_IDLE: Duration = Duration::from_secs(1);
+/// Between looks at a previous topology's queue, the drain waits this long.
 const DRAIN_POLL: Duration = Duration::from_secs(1);
-
-/// One commands queue as ingest consumes it: its name, the store whose fenced writes
-/// use the queue's fence (each command partition has its own), and whether it is a
-/// previous topology's queue being drained.
-pub(super) struct Lane {
-    pub(super) queue: String,
-    pub(super) store: Store,
-    pub(super) drain: bool,
-    /// A command partition's lane: its number, and which partitions are this bridge's
-    /// share (see [`Ingest::share_out`]).
-    pub(super) share: Option<(u16, tokio::sync::watch::Receiver<Vec<bool>>)>,
-    /// Its last session ended handing the partition over: the next one hands it over
-    /// again only once it is active (got a delivery), not merely idle, so a waiting
-    /// consumer does not keep reopening its channel.
-    pub(super) handed_over: std::sync::atomic::AtomicBool,
-}
-
-impl Lane {
-    /// Whether this lane's partition is another bridge's share: then, once it is the
-    /// partition's active consumer, it hands the partition over (see [`HANDOVER_QUIET`]).
-    pub(super) fn shared_to_another(&self) -> bool {
-        self.share
-            .as_ref()
-            .is_some_and(|(k, owned)| !owned.borrow().get(usize::from(*k)).copied().unwrap_or(true))
-    }
-}
 
 /// How long an ingest announcement lives, and how often each bridge renews it.
 const MEMBER_TTL_MS: u64 = 5_000;
 const MEMBER_REFRESH: Duration = Duration::from_secs(1);
-
-/// A lane that is the active consumer of a partition shared out to another bridge hands
-/// it over (closes its channel and consumes again, behind the other consumers) once it
-/// has nothing in hand and nothing arrived for this long: then no prefetched command goes
-/// back with it, so no command's delivery count grows. ...
-pub(super) const HANDOVER_QUIET: Duration = Duration::from_millis(200);
-/// ... and if the partition is never that quiet, after this long: it stops taking
-/// deliveries, finishes the batches in hand, and closes; the commands prefetched then
-/// go back to the queue (one delivery more each, towards `amqp.delivery_limit`).
-pub(super) const HANDOVER_FORCE: Duration = Duration::from_secs(10);
 
 /// This process's name among the ingest members: pid and start time.
 fn member_name() -> String {
@@ -119,8 +82,7 @@ impl Ingest {
                 queue: amqp::partition_queue(&self.config.amqp, k),
                 store: self.store.for_partition(k),
                 drain: false,
-                share: Some((k, owned.clone())),
-                handed_over: Default::default(),
+                share: Some(Share::new(k, owned.clone())),
             })
             .collect();
         let consuming = futures_util::future::try_join(
@@ -153,10 +115,9 @@ impl Ingest {
         connection: &Connection,
         shutdown: &CancellationToken,
     ) -> Result<(), AmqpError> {
-        use std::sync::atomic::Ordering::Relaxed;
         let cfg = &self.config.amqp;
         loop {
-            let careful = self.isolation.careful.load(Relaxed);
+            let careful = self.isolation.careful();
             let routed = route_commands(
                 connection,
                 cfg,
@@ -168,12 +129,11 @@ impl Ingest {
             match routed {
                 Ok(Routed::Shutdown) => return Ok(()),
                 Ok(Routed::Recovered) => {
-                    let ended = self.isolation.ended.swap(0, Relaxed);
-                    self.isolation.careful.store(false, Relaxed);
+                    let ended = self.isolation.recovered();
                     tracing::info!(queue = %amqp::route_queue(cfg), sessions_ended = ended, "the unparseable message is no longer at the head of the route queue; routing at the normal window again");
                 }
                 Err(err) if err.is_unparseable() => {
-                    self.isolate(&amqp::route_queue(cfg), &err);
+                    self.isolation.isolate(cfg, &amqp::route_queue(cfg), &err);
                     return Err(err);
                 }
                 Err(err) => return Err(err),
@@ -260,7 +220,6 @@ impl Ingest {
             store,
             drain: true,
             share: None,
-            handed_over: Default::default(),
         };
         match recorded {
             RecordedPartitions::One if partitions <= 1 => Ok(Vec::new()),

@@ -1,17 +1,18 @@
-//! Reporting each command of an applied batch, in batch order: metrics, the live feed,
-//! the reply on `reply_to` when the producer asked, and invalid commands set aside
-//! (publisher-confirmed) to the invalid exchange with their reason before the ack. All
-//! from what decoding found ([`Envelope`]); only a set-aside republishes the delivery's
-//! properties, as they came.
+//! Answering an applied batch, in batch order: for each command metrics, the live feed
+//! and the reply on `reply_to` when the producer asked; invalid commands set aside
+//! (publisher-confirmed) to the invalid exchange with their reason; then the batch acked
+//! with one cumulative ack. All from what the delivery names ([`Envelope`]) and what
+//! applying it found; only a set-aside republishes the delivery's properties, as they
+//! came.
 
 use lapin::message::Delivery;
-use lapin::options::BasicPublishOptions;
+use lapin::options::{BasicAckOptions, BasicPublishOptions};
 use lapin::types::{AMQPValue, LongString};
-use lapin::{Acker, BasicProperties, Channel, PublisherConfirm};
+use lapin::{BasicProperties, Channel, PublisherConfirm};
 use serde_json::json;
 
 use super::batch::AppliedBatch;
-use super::decode::Envelope;
+use super::decode::{Envelope, Received};
 use super::Ingest;
 use crate::amqp::AmqpError;
 use crate::feed::Event;
@@ -28,13 +29,14 @@ enum Verdict {
 }
 
 impl Ingest {
-    /// Reports an applied batch (metrics, feed, replies) and sets its invalid commands
-    /// aside, confirmed; returns the acker of its last delivery. Called in batch order.
-    pub(super) async fn finish(
+    /// Reports an applied batch (metrics, feed, replies), sets its invalid commands
+    /// aside, confirmed, then acks it and every batch before it (one cumulative ack).
+    /// Called in batch order.
+    pub(super) async fn answer(
         &self,
         side: &Channel,
         applied: AppliedBatch,
-    ) -> Result<Option<Acker>, AmqpError> {
+    ) -> Result<(), AmqpError> {
         let AppliedBatch {
             batch,
             commands,
@@ -64,7 +66,7 @@ impl Ingest {
                 .collect(),
         };
         let mut set_aside: Vec<PublisherConfirm> = Vec::new();
-        for ((delivery, envelope), verdict) in batch.iter().zip(verdicts) {
+        for (Received { delivery, envelope }, verdict) in batch.iter().zip(verdicts) {
             self.record(envelope, &verdict);
             self.reply(side, envelope, &verdict).await;
             if let Verdict::Invalid(reason) = &verdict {
@@ -87,7 +89,13 @@ impl Ingest {
                 }
             }
         }
-        Ok(batch.last().map(|(last, _)| last.acker.clone()))
+        if let Some(last) = batch.last() {
+            last.delivery
+                .acker
+                .ack(BasicAckOptions { multiple: true })
+                .await?;
+        }
+        Ok(())
     }
 
     fn after_applied(&self, op: &Op, applied: Applied) {

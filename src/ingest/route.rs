@@ -31,7 +31,7 @@ use lapin::{Confirmation, Connection};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{EmptyLooks, ISOLATION_IDLE};
+use super::isolation::{Careful, ISOLATION_IDLE};
 use crate::amqp::{self, AmqpError};
 use crate::config::AmqpConfig;
 
@@ -40,10 +40,8 @@ use crate::config::AmqpConfig;
 /// lateness: the command is already in its partition.
 const SETTLE: Duration = Duration::from_millis(5);
 // A careful session (one command at a time, after an unparseable message ended the
-// last one) returns to the full window once the route queue is empty
-// (`super::EmptyLooks`), or once it forwarded a full window one by one (by then every
-// command the failed window returned was acked: quorum queues redeliver returned
-// messages first).
+// last one: `isolation.rs`) returns to the full window once the route queue is empty,
+// or once it forwarded a full window one by one.
 
 /// How one router session ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -66,8 +64,7 @@ pub async fn route_commands(
 ) -> Result<Routed, AmqpError> {
     let full_window = usize::from(window.max(1));
     let window = if careful { 1 } else { window.max(1) };
-    let mut forwarded_carefully = 0usize;
-    let mut looks = EmptyLooks::default();
+    let mut careful = Careful::new(careful, full_window);
     let input = amqp::consumer_channel(connection, window).await?;
     let output = amqp::confirm_channel(connection).await?;
     let queue = amqp::route_queue(config);
@@ -83,7 +80,7 @@ pub async fn route_commands(
     let exchanges: Vec<String> = (0..config.command_partitions)
         .map(|k| amqp::partition_exchange(config, k))
         .collect();
-    tracing::info!(queue = %queue, partitions = config.command_partitions, careful, "routing commands to their partitions");
+    tracing::info!(queue = %queue, partitions = config.command_partitions, careful = careful.is_on(), "routing commands to their partitions");
     let mut forwarding = FuturesOrdered::new();
     let mut settling: VecDeque<(Acker, Instant)> = VecDeque::new();
     let mut draining = false;
@@ -93,7 +90,7 @@ pub async fn route_commands(
         if draining && idle {
             break Ok(Routed::Shutdown);
         }
-        if careful && idle && forwarded_carefully >= full_window {
+        if idle && careful.window_done() {
             break Ok(Routed::Recovered);
         }
         let settle_at = settling.front().map(|(_, at)| *at + SETTLE);
@@ -105,7 +102,7 @@ pub async fn route_commands(
                     break Err(err);
                 }
                 settling.push_back((acker, Instant::now()));
-                forwarded_carefully += 1;
+                careful.done(1);
             }
             () = sleep_until(settle_at), if settle_at.is_some() => {
                 if let Err(err) = ack_settled(&mut settling).await {
@@ -120,15 +117,15 @@ pub async fn route_commands(
                         lapin::ChannelState::Closed, "route consumer cancelled by the broker").into())),
                 };
                 last_delivery = Instant::now();
-                looks.delivered();
+                careful.delivered();
                 match forward(&output, &exchanges, delivery).await {
                     Ok(pending) => forwarding.push_back(pending),
                     Err(err) => break Err(err),
                 }
             }
-            () = tokio::time::sleep_until(last_delivery + ISOLATION_IDLE), if careful && idle && !draining => {
+            () = tokio::time::sleep_until(last_delivery + ISOLATION_IDLE), if careful.is_on() && idle && !draining => {
                 last_delivery = Instant::now();
-                match looks.look(connection, &queue).await {
+                match careful.queue_empty(connection, &queue).await {
                     Ok(true) => break Ok(Routed::Recovered),
                     Ok(false) => {}
                     Err(err) => break Err(err),

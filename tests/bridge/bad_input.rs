@@ -1,5 +1,5 @@
 //! Bad input against a real bridge (the cases that neither
-//! `tests/bridge/end_to_end.rs` nor the unit tests of `src/ingest/decode.rs` cover): odd `x-delay`
+//! `tests/bridge/end_to_end.rs` nor the unit tests of `src/ingest/decode/` cover): odd `x-delay`
 //! and `x-deliver-at` values, ids and topics at and past their edges, bodies at and over
 //! the limit, a message_id that is not UTF-8 (sent with pika: lapin cannot send one),
 //! and a flood of invalid commands that must not starve valid ones.

@@ -10,13 +10,13 @@ use lapin::types::{
 };
 use lapin::BasicProperties;
 use proptest::prelude::*;
-use redisched::ingest::{Invalid, Rules};
+use redisched::ingest::{needs_clock, Invalid, Rules};
 use redisched::job::meta::{decode_meta, encode_meta};
 use redisched::job::{Due, PutMode};
 use redisched::store::{Limits, Op};
 
 /// `redisched::ingest::decode_parts` with `limits` (and the default minimum interval),
-/// resolved at a fixed server time: the op it yields, or why it is invalid.
+/// at a fixed server time: the op it yields, or why it is invalid.
 fn decode_parts(
     key: &str,
     props: &BasicProperties,
@@ -27,10 +27,11 @@ fn decode_parts(
         limits,
         min_interval_ms: 1000,
     };
-    redisched::ingest::decode_parts(key, props, body, rules)
-        .and_then(|decoded| decoded.resolve(1_796_083_200_000))
-        .map(|command| command.op)
+    redisched::ingest::decode_parts(key, props, body, rules, Some(NOW)).map(|command| command.op)
 }
+
+/// The Redis server's clock as a batch read it: 2026-12-01T00:00:00Z.
+const NOW: i64 = 1_796_083_200_000;
 
 /// At most 255 bytes, cut at a char boundary (an AMQP short string).
 fn short(s: String) -> ShortString {
@@ -419,4 +420,68 @@ fn deep_stored_meta_is_refused_without_recursion() {
     // 200,000 levels: would overflow any stack if parsed recursively.
     let err = decode_meta(&encode(200_000)).expect_err("too deep");
     assert!(err.contains("deeper than 64 levels"), "{err}");
+}
+
+/// A header of a series or a due time, with a value that is often what a producer
+/// means and sometimes not.
+fn when_header() -> impl Strategy<Value = (String, AMQPValue)> {
+    let name = prop_oneof![
+        Just("x-redisched-op"),
+        Just("x-redisched-cron"),
+        Just("x-redisched-every"),
+        Just("x-redisched-tz"),
+        Just("x-redisched-jitter"),
+        Just("x-delay"),
+        Just("x-deliver-at"),
+    ];
+    let text = prop_oneof![
+        Just("put"),
+        Just("replace"),
+        Just("delete"),
+        Just("delete-prefix"),
+        Just("0 9 * * *"),
+        Just("*/2 * * * * *"),
+        Just("0 0 30 2 *"),
+        Just("Europe/Berlin"),
+        Just("1m"),
+        Just("500"),
+        Just("0"),
+    ];
+    let value = prop_oneof![
+        4 => text.prop_map(|t| AMQPValue::LongString(LongString::from(t))),
+        1 => leaf(),
+    ];
+    (name.prop_map(str::to_string), value)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// A batch reads the Redis clock before decoding only when `needs_clock` says one
+    /// of its deliveries may need it: every command it says no of decodes the same
+    /// without the clock as with it, so none is set aside for want of it, and every
+    /// cron series accepted is one it said yes of.
+    #[test]
+    fn a_command_needs_the_clock_only_where_needs_clock_says(
+        key in prop_oneof![3 => Just("t".to_string()), 1 => routing_key()],
+        headers in proptest::collection::vec(when_header(), 0..5),
+        limits in limits(),
+    ) {
+        let _shared = crate::common::timed::shared_blocking();
+        let props = BasicProperties::default()
+            .with_message_id("j".into())
+            .with_headers(table(headers));
+        let rules = Rules { limits, min_interval_ms: 1000 };
+        let with = redisched::ingest::decode_parts(&key, &props, b"", rules, Some(NOW));
+        let cron = with
+            .as_ref()
+            .is_ok_and(|c| c.schedule.as_ref().is_some_and(|s| s.as_str().starts_with("cron:")));
+        if cron {
+            prop_assert!(needs_clock(&props), "a cron series decoded without asking for the clock");
+        }
+        if !needs_clock(&props) {
+            let without = redisched::ingest::decode_parts(&key, &props, b"", rules, None);
+            prop_assert_eq!(without, with);
+        }
+    }
 }
