@@ -139,6 +139,22 @@ mod tests {
     }
 
     #[test]
+    fn each_round_starts_at_another_due_topic() {
+        let mut plan = Plan::default();
+        for name in ["a", "b", "c"] {
+            plan.set(&t(name), Some(100));
+        }
+        let firsts: Vec<Topic> = (0..3).map(|_| plan.due_in_turn(1_000)[0].clone()).collect();
+        assert_eq!(firsts, vec![t("b"), t("c"), t("a")]);
+        assert!(plan.due_in_turn(50).is_empty());
+        assert_eq!(
+            plan.due_in_turn(1_000)[0],
+            t("b"),
+            "an empty round turns nothing"
+        );
+    }
+
+    #[test]
     fn a_paused_topic_leaves_the_plan_until_a_hint_or_the_recheck() {
         let mut plan = Plan::default();
         plan.set(&t("paused"), Some(100));

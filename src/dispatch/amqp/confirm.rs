@@ -25,7 +25,7 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
-use super::return_key::ReturnKey;
+use super::publish::ReturnKey;
 use crate::dispatch::settle::Settler;
 use crate::dispatch::ticket::Ticket;
 use crate::log_throttle::LogThrottle;

@@ -5,15 +5,14 @@
 //!
 //! By role: `sink.rs` the round (confirm window, reserve, publish in turn on the
 //! lanes), `channel.rs` the session's confirm channels and their confirmers, and the
-//! broker's block; `publish.rs` one publish and the properties it carries;
-//! `return_key.rs` what a returned message is matched by; `confirm.rs` the confirmer,
-//! which settles each publish (the set-aside of expired jobs uses `publish.rs` and
+//! broker's block; `publish.rs` one publish, the properties it carries and the key
+//! (`ReturnKey`) its return would be matched by; `confirm.rs` the confirmer, which
+//! settles each publish (the set-aside of expired jobs uses `publish.rs` and
 //! `confirm.rs` on its own channel).
 
 mod channel;
 pub(crate) mod confirm;
 pub(crate) mod publish;
-mod return_key;
 mod sink;
 
 pub(crate) use sink::AmqpSink;
