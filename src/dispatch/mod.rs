@@ -2,7 +2,7 @@
 //! and releases each job only once that sink delivered it; a failure puts the job back
 //! with backoff.
 //!
-//! Each sink has a loop ([`Dispatcher::run`], here): bring its plan up to date, nap
+//! Each sink has a loop (`Dispatcher::run`, here): bring its plan up to date, nap
 //! until the earliest due time it knows of (or until the store's [`DueHints`] say a
 //! topic got earlier work, or the sink freed room), then hand the due topics to the
 //! sink's round. Due-ness itself is decided by the reserve script on the Redis
