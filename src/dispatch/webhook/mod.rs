@@ -66,7 +66,7 @@ pub struct WebhookSinks {
 const LINGER: Duration = Duration::from_millis(1);
 
 /// Free slots of a busy target of `max_in_flight` that make a reserve worth it at once:
-/// a quarter, at most 16 (see [`WebhookSinks::room`]; the bench's bookkeeping floor
+/// a quarter, at most 16 (see `WebhookSinks::room`; the bench's bookkeeping floor
 /// follows the same rule).
 pub fn slots_worth_a_reserve(max_in_flight: usize) -> usize {
     (max_in_flight / 4).clamp(1, 16)
