@@ -15,7 +15,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::amqp::{self, AmqpError};
 use crate::config::Config;
-use crate::dispatch::{Dispatcher, Expiry, Plan, ServerClock, WebhookSinks};
+use crate::dispatch::{self, Dispatcher, Plan, ServerClock, SetAside, Sink};
 use crate::feed::Feed;
 use crate::http::{self, AppState};
 use crate::ingest::Ingest;
@@ -42,11 +42,22 @@ pub enum AppError {
 /// confirms (bounded by `dispatch.shutdown_grace_ms`) and returns.
 ///
 /// The wiring in start order: the HTTP port, Redis, the HTTP API, the Redis-side
-/// background tasks, then the stages (the webhook loop, and the AMQP sessions of ingest
-/// and dispatch).
+/// background tasks, then the stages (the loops of the sinks beside AMQP, and the AMQP
+/// sessions of ingest and dispatch).
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppError> {
+    run_with(config, Vec::new(), shutdown).await
+}
+
+/// [`run`], with `sinks` of the caller's own beside AMQP and the webhook targets: each
+/// gets the topics it serves that no target serves (`dispatch::routes`), and a loop of
+/// its own for the whole process.
+pub async fn run_with(
+    config: Config,
+    sinks: Vec<Arc<dyn Sink>>,
+    shutdown: CancellationToken,
+) -> Result<(), AppError> {
     let config = Arc::new(config);
-    let webhooks = Arc::new(WebhookSinks::new(&config).map_err(AppError::Targets)?);
+    let routes = Arc::new(dispatch::routes(&config, sinks).map_err(AppError::Targets)?);
     let metrics = Arc::new(Metrics::new());
     let feed = Feed::new();
     let hints = Arc::new(DueHints::new());
@@ -54,8 +65,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     // and logs read it.
     let health = Arc::new(RedisHealth::new());
     health.set_allow_eviction(config.redis.allow_eviction);
-    // Webhook targets are dispatched by a loop of their own, on a copy of the hints.
-    let webhook_hints = (!config.targets.is_empty()).then(|| hints.tee());
+    // Each sink beside AMQP is dispatched by a loop of its own, on a copy of the hints.
+    let sink_hints: Vec<Arc<DueHints>> = routes.sinks().iter().map(|_| hints.tee()).collect();
 
     let listener = bind_http(&config).await?;
     let Some(store) = connect_store(&config, &health, &shutdown).await else {
@@ -105,15 +116,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         hints,
         clock: Arc::new(ServerClock::new()),
         warnings,
-        webhooks,
-        // `validate()` compiled the policies at load: this cannot fail here.
-        expiry: Arc::new(Expiry::new(config.compiled_policies().unwrap_or_default())),
+        routes,
+        set_aside: Arc::new(SetAside::new(&config)),
     };
-    if let Some(hints) = webhook_hints {
+    for (index, hints) in sink_hints.into_iter().enumerate() {
         // It needs no broker: it runs for the whole process, beside the AMQP sessions.
-        let hooks = sharing(&dispatcher, hints);
+        let beside = sharing(&dispatcher, hints);
         let shutdown = shutdown.clone();
-        tasks.spawn(async move { hooks.run_webhooks(&mut Plan::default(), shutdown).await });
+        tasks.spawn(async move { beside.run_sink(index, shutdown).await });
     }
     run_sessions(ingest, dispatcher, &config, &metrics, &shutdown).await;
     tracing::info!("shutting down");
@@ -174,8 +184,8 @@ fn spawn_background(
     }
 }
 
-/// A dispatcher on `hints` that shares everything else with `base` (the webhook loop
-/// beside the AMQP one: same store, clock, sinks and expiry).
+/// A dispatcher on `hints` that shares everything else with `base` (the loop of a sink
+/// beside the AMQP one: same store, clock, routes and set-aside).
 fn sharing(base: &Dispatcher, hints: Arc<DueHints>) -> Dispatcher {
     Dispatcher {
         store: base.store.clone(),
@@ -185,8 +195,8 @@ fn sharing(base: &Dispatcher, hints: Arc<DueHints>) -> Dispatcher {
         hints,
         clock: base.clock.clone(),
         warnings: base.warnings.clone(),
-        webhooks: base.webhooks.clone(),
-        expiry: base.expiry.clone(),
+        routes: base.routes.clone(),
+        set_aside: base.set_aside.clone(),
     }
 }
 
@@ -224,7 +234,7 @@ async fn run_sessions(
                 let (dispatcher, plan) = (dispatcher.clone(), plan.clone());
                 Box::pin(async move {
                     let mut plan = plan.lock().await;
-                    dispatcher.run(&mut plan, connection, end).await
+                    dispatcher.run_session(&mut plan, connection, end).await
                 })
             },
         ),

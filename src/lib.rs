@@ -31,4 +31,3 @@ pub mod telemetry;
 pub mod tls;
 pub mod urls;
 pub mod view;
-pub mod webhook;

@@ -1,8 +1,9 @@
 //! The house rules of ARCHITECTURE.md, checked on the source text (as rust-analyzer's
 //! tidy tests do), so a change that breaks one fails `cargo test` instead of waiting for a
 //! reviewer: no import circle between files, stages that meet only in the store, Redis
-//! known only to the store, faces that never import each other, and no comment citing an
-//! issue number a reader cannot look up.
+//! known only to the store, faces that never import each other, dispatch's sinks that
+//! never import each other, AMQP transport that never decodes a job's meta, and no
+//! comment citing an issue number a reader cannot look up.
 //!
 //! Imports are read from `use` trees and from `crate::`/`super::` paths in code
 //! (comments stripped). A file imports a module when a path resolves into it; an edge
@@ -506,6 +507,77 @@ fn only_the_store_names_a_redis_client() {
     );
 }
 
+/// `(file, offending module)` for every file in module `from` (a module path, e.g.
+/// `["dispatch", "amqp"]`, and everything under it) importing a module under
+/// `forbidden`.
+fn prefix_violations(sources: &[Source], from: &[&str], forbidden: &[&str]) -> Vec<String> {
+    let modules: BTreeSet<Vec<String>> = sources.iter().map(|s| s.module.clone()).collect();
+    let under = |module: &[String], prefix: &[&str]| {
+        module.len() >= prefix.len() && module.iter().zip(prefix).all(|(m, p)| m == p)
+    };
+    let mut found = Vec::new();
+    for source in sources.iter().filter(|s| under(&s.module, from)) {
+        for module in imports(source, &modules) {
+            if under(&module, forbidden) {
+                found.push(format!("{} imports {}", rel(&source.file), show(&module)));
+            }
+        }
+    }
+    found
+}
+
+/// Dispatch's sinks: its folders (`src/dispatch/<sink>/mod.rs`); its files are what the
+/// sinks share.
+fn dispatch_sinks(sources: &[Source]) -> BTreeSet<String> {
+    sources
+        .iter()
+        .filter(|s| s.file.ends_with("mod.rs") && s.module.len() == 2 && s.module[0] == "dispatch")
+        .map(|s| s.module[1].clone())
+        .collect()
+}
+
+/// Every import from one sink's folder into another's.
+fn sink_crossings(sources: &[Source]) -> Vec<String> {
+    let sinks = dispatch_sinks(sources);
+    let mut found = Vec::new();
+    for from in &sinks {
+        for into in sinks.iter().filter(|into| *into != from) {
+            found.extend(prefix_violations(
+                sources,
+                &["dispatch", from],
+                &["dispatch", into],
+            ));
+        }
+    }
+    found
+}
+
+#[test]
+fn the_dispatch_sinks_never_import_each_other() {
+    let sources = sources();
+    let sinks = dispatch_sinks(&sources);
+    assert!(
+        sinks.contains("amqp") && sinks.contains("webhook"),
+        "the sinks are dispatch's folders: {sinks:?}"
+    );
+    let found = sink_crossings(&sources);
+    assert!(
+        found.is_empty(),
+        "a sink imports another (what they share lives beside them in src/dispatch/; ARCHITECTURE.md, *Where to add a new sink*):\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn amqp_is_transport_and_never_decodes_a_jobs_meta() {
+    let found = prefix_violations(&sources(), &["amqp"], &["job", "meta"]);
+    assert!(
+        found.is_empty(),
+        "src/amqp/ is transport only (connect, topology, channels, errors); a job's stored meta is read in src/job/meta.rs by ingest and dispatch:\n  {}",
+        found.join("\n  ")
+    );
+}
+
 /// `redis::...` paths in code (the crate, not this crate's modules).
 fn redis_paths(code: &str) -> Vec<String> {
     let mut found = Vec::new();
@@ -595,4 +667,55 @@ fn the_checker_itself_sees_what_it_must() {
     graph.insert(m("b"), BTreeSet::from([m("a")]));
     graph.insert(m("c"), BTreeSet::from([m("a")]));
     assert_eq!(circles(&graph), vec![vec![m("a"), m("b")]]);
+
+    // The sinks' rule and the transport's rule, on a small made-up source tree.
+    let source = |file: &str, code: &str| {
+        let file = repo().join(file);
+        Source {
+            module: module_of(&file),
+            code: strip_comments(code),
+            file,
+        }
+    };
+    let tree = [
+        source("src/dispatch/mod.rs", "mod amqp; mod settle; mod webhook;"),
+        source("src/dispatch/settle.rs", ""),
+        source(
+            "src/dispatch/amqp/mod.rs",
+            "use crate::dispatch::settle::Settler; use crate::dispatch::webhook::client::Client;",
+        ),
+        source(
+            "src/dispatch/webhook/mod.rs",
+            "mod client; use super::settle::Settler;",
+        ),
+        source(
+            "src/dispatch/webhook/client.rs",
+            "fn f() { super::super::amqp::AmqpSink::open(); }",
+        ),
+        source(
+            "src/amqp/mod.rs",
+            "fn f() { crate::job::meta::decode_meta(b\"\"); }",
+        ),
+        source("src/amqp/topology.rs", "use crate::job::headers;"),
+        source("src/job/mod.rs", "pub mod headers; pub mod meta;"),
+        source("src/job/headers.rs", ""),
+        source("src/job/meta.rs", ""),
+    ];
+    assert_eq!(
+        dispatch_sinks(&tree),
+        BTreeSet::from(["amqp".to_string(), "webhook".to_string()])
+    );
+    assert_eq!(
+        sink_crossings(&tree),
+        [
+            "src/dispatch/amqp/mod.rs imports dispatch::webhook::client",
+            "src/dispatch/webhook/client.rs imports dispatch::amqp",
+        ],
+        "each crossing seen, the shared settle.rs allowed"
+    );
+    assert_eq!(
+        prefix_violations(&tree, &["amqp"], &["job", "meta"]),
+        ["src/amqp/mod.rs imports job::meta"],
+        "meta decoding seen, header names allowed"
+    );
 }

@@ -1,56 +1,69 @@
-//! Stage 2: jobs out. Reserves due jobs, hands each to the sink its topic routes to
-//! (`sink.rs`: the ready exchange, or a `[[targets]]` webhook), and releases each job
-//! only once that sink delivered it; a failure puts the job back with backoff.
+//! Stage 2: jobs out. Reserves due jobs, hands each to the sink its topic routes to,
+//! and releases each job only once that sink delivered it; a failure puts the job back
+//! with backoff.
 //!
-//! A loop sleeps until the earliest due time it knows of, or until the store's
-//! [`DueHints`] say a topic got earlier work. Due-ness itself is decided by the reserve
-//! script on the Redis server's clock, so waking early is harmless and a job is never
-//! sent early.
+//! Each sink has a loop (`Dispatcher::run`, here): bring its plan up to date, nap
+//! until the earliest due time it knows of (or until the store's [`DueHints`] say a
+//! topic got earlier work, or the sink freed room), then hand the due topics to the
+//! sink's round. Due-ness itself is decided by the reserve script on the Redis
+//! server's clock, so waking early is harmless and a job is never sent early.
 //!
-//! Here: the [`Dispatcher`] and what both loops share (the plan's upkeep, the nap, one
-//! grouped reserve, the rescan). `amqp_loop.rs` the AMQP session's loop and publishing,
-//! `webhook_loop.rs` the webhook loop, `plan.rs` the plan, `settle.rs` every outcome
-//! (release, failure, backoff) for every sink, `confirm.rs` the AMQP confirms,
-//! `webhook_sink.rs` the targets' slots, `expiry.rs` expired jobs, `clock.rs` the server
-//! clock.
+//! Here: the [`Dispatcher`], its loops and where routes are chosen ([`routes`]).
+//! Beside it, shared by every sink: `sink.rs` the seam (the [`Sink`] trait,
+//! [`Routes`]), `plan.rs` the plan, `clock.rs` the server clock, `reserve.rs` the
+//! reserve and each job's triage, `ticket.rs` a reserved job and its settle ticket,
+//! `set_aside.rs` expired jobs set aside, `settle.rs` every outcome (release, failure,
+//! backoff). One folder per sink: `amqp/` (the ready exchange, per AMQP session) and
+//! `webhook/` (`[[targets]]`, for the whole process); the two never import each other.
 
-mod amqp_loop;
+mod amqp;
 mod clock;
-mod confirm;
-mod expiry;
 mod plan;
-pub mod properties;
+mod reserve;
+mod set_aside;
 mod settle;
 mod sink;
-mod webhook_loop;
-mod webhook_sink;
+mod ticket;
+mod webhook;
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lapin::Connection;
 use tokio_util::sync::CancellationToken;
 
+use crate::amqp::AmqpError;
 use crate::config::Config;
 use crate::feed::Feed;
 use crate::job::Topic;
 use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
-use crate::store::ReservedJob;
-use crate::store::{DueHints, Store};
+use crate::store::{DueHints, Store, StoreError};
+use amqp::AmqpSink;
 pub use clock::ServerClock;
-pub use expiry::Expiry;
 pub use plan::Plan;
-pub use settle::retry_delay;
-use settle::Settler;
-use sink::{Route, Serves};
-pub use webhook_sink::{slots_worth_a_reserve, WebhookSinks};
-
-/// Due topics reserved from in one round trip.
-const RESERVE_GROUP: usize = 64;
+pub use reserve::{Core, RESERVE_GROUP};
+pub use set_aside::SetAside;
+pub use settle::{retry_delay, Settler};
+pub use sink::{Round, RoundError, Route, Routes, Sink};
+pub use ticket::{Reserved, Ticket};
+pub use webhook::{slots_worth_a_reserve, WebhookSinks, FORWARDED_PREFIX};
 
 /// Topics whose earliest due time one rescan step re-reads.
 pub const RESCAN_CHUNK: usize = 1000;
+
+/// The sinks beside AMQP, in the order they are asked whether they serve a topic: the
+/// `[[targets]]` webhooks, then `added` (a library user's own). The one place a sink
+/// is added.
+pub fn routes(config: &Config, added: Vec<Arc<dyn Sink>>) -> Result<Routes, String> {
+    let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
+    if !config.targets.is_empty() {
+        sinks.push(Arc::new(WebhookSinks::new(config)?));
+    }
+    sinks.extend(added);
+    Ok(Routes::new(sinks))
+}
 
 #[derive(Debug)]
 pub struct Dispatcher {
@@ -58,19 +71,119 @@ pub struct Dispatcher {
     pub config: Arc<Config>,
     pub metrics: Arc<Metrics>,
     pub feed: Feed,
+    /// The board of this loop's hints (each sink's loop has its own copy).
     pub hints: Arc<DueHints>,
     pub clock: Arc<ServerClock>,
     /// Failed publishes are retried; the log gets the first per topic and reason, then a
     /// summary per window, not a line per retry.
     pub warnings: Arc<LogThrottle>,
-    /// The webhook targets' sink; kept across AMQP sessions with its requests.
-    pub webhooks: Arc<WebhookSinks>,
-    /// Expired jobs: the `[[policies]]` defaults, and the AMQP session's channel the
-    /// webhook loop sets its expired jobs aside on (shared by both loops).
-    pub expiry: Arc<Expiry>,
+    /// Which sink each topic goes to; the sinks beside AMQP, kept across AMQP sessions
+    /// with their deliveries.
+    pub routes: Arc<Routes>,
+    /// Expired jobs, judged and set aside for every sink.
+    pub set_aside: Arc<SetAside>,
 }
 
 impl Dispatcher {
+    /// The dispatch stage's AMQP session: on one connection, the set-aside's confirm
+    /// channel and the AMQP sink's lanes; runs the AMQP sink's loop until `shutdown`
+    /// (then drains in-flight confirms within the grace period) or a broker error.
+    pub async fn run_session(
+        &self,
+        plan: &mut Plan,
+        connection: &Connection,
+        shutdown: CancellationToken,
+    ) -> Result<(), AmqpError> {
+        let (settler, warnings) = (self.settler(), self.warnings.clone());
+        let aside = self
+            .set_aside
+            .open(connection, settler.clone(), warnings)
+            .await?;
+        let sink = AmqpSink::open(
+            connection,
+            &self.config,
+            &settler,
+            &self.warnings,
+            &shutdown,
+        );
+        let sink = sink.await?;
+        let result = self.run(&sink, Route::Amqp, plan, &shutdown).await;
+        let grace = Duration::from_millis(self.config.dispatch.shutdown_grace_ms);
+        tokio::join!(sink.close(grace), aside.close(grace));
+        result
+    }
+
+    /// The loop of the sink beside AMQP at `index` of the routes, for the whole process
+    /// and with no broker involved, on a plan of its own. On shutdown, its deliveries in
+    /// flight get `dispatch.shutdown_grace_ms`.
+    pub async fn run_sink(&self, index: usize, shutdown: CancellationToken) {
+        let Some(sink) = self.routes.sinks().get(index).cloned() else {
+            return;
+        };
+        let mut plan = Plan::default();
+        // Only the AMQP sink's loop ends on an error; this one ends with the shutdown.
+        self.run(&*sink, Route::Sink(index), &mut plan, &shutdown)
+            .await
+            .ok();
+        let grace = Duration::from_millis(self.config.dispatch.shutdown_grace_ms);
+        sink.drain(grace).await;
+    }
+
+    /// One sink's loop over the topics routed to it, one [`Dispatcher::turn`] after
+    /// another, until `shutdown`; while Redis does not answer, it waits with backoff.
+    /// The AMQP sink's loop also ends when its channel fails.
+    async fn run<S: Sink + ?Sized>(
+        &self,
+        sink: &S,
+        route: Route,
+        plan: &mut Plan,
+        shutdown: &CancellationToken,
+    ) -> Result<(), AmqpError> {
+        let settler = Arc::new(self.settler());
+        let mut backoff = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            let what = match self.turn(sink, route, plan, &settler, shutdown).await {
+                Ok(()) => {
+                    backoff = Duration::from_millis(100);
+                    continue;
+                }
+                Err(RoundError::Broker(err)) if route == Route::Amqp => return Err(err),
+                Err(RoundError::Store(err)) => ("redis", err.to_string()),
+                Err(RoundError::Broker(err)) => ("broker", err.to_string()),
+            };
+            let (unavailable, error) = what;
+            tracing::warn!(%error, retry_in = ?backoff, "{unavailable} unavailable; {} waits", sink.name());
+            sleep_or_shutdown(backoff, shutdown).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+        Ok(())
+    }
+
+    /// One turn of a sink's loop: bring the plan up to date, hand the due topics to the
+    /// sink's round, and nap if it took nothing.
+    async fn turn<S: Sink + ?Sized>(
+        &self,
+        sink: &S,
+        route: Route,
+        plan: &mut Plan,
+        settler: &Arc<Settler>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), RoundError> {
+        let poll = Duration::from_millis(self.config.dispatch.poll_interval_ms);
+        self.update_plan(plan, poll, route).await?;
+        let due = plan.due_in_turn(self.clock.now());
+        let mut core = Core {
+            dispatcher: self,
+            plan,
+            settler,
+            shutdown,
+        };
+        if let Round::Idle(waiting) = sink.round(due, &mut core).await? {
+            self.nap(plan, poll, &waiting, sink, shutdown).await;
+        }
+        Ok(())
+    }
+
     fn settler(&self) -> Settler {
         Settler {
             store: self.store.clone(),
@@ -82,10 +195,9 @@ impl Dispatcher {
         }
     }
 
-    /// Whether this loop plans `topic`: the AMQP loop every topic no target serves, the
-    /// webhook loop the others.
-    fn mine(&self, serves: Serves, topic: &Topic) -> bool {
-        (self.webhooks.route(topic) == Route::Amqp) == (serves == Serves::Amqp)
+    /// Whether `route`'s loop plans `topic`.
+    fn mine(&self, route: Route, topic: &Topic) -> bool {
+        self.routes.route(topic) == route
     }
 
     /// Takes the hints into the plan and rescans topics: a full pass at start and after
@@ -95,93 +207,57 @@ impl Dispatcher {
         &self,
         plan: &mut Plan,
         poll: Duration,
-        serves: Serves,
-    ) -> Result<(), crate::store::StoreError> {
+        route: Route,
+    ) -> Result<(), StoreError> {
         for (topic, due) in self.hints.take_hints() {
-            if self.mine(serves, &topic) {
+            if self.mine(route, &topic) {
                 plan.hinted(topic, due);
             }
         }
         let full = self.hints.take_rescan() || plan.last_rescan.is_none();
         let rescan_due = plan.last_rescan.is_none_or(|at| at.elapsed() >= poll);
         if full || rescan_due {
-            self.rescan(plan, full, serves).await?;
+            self.rescan(plan, full, route).await?;
         }
         Ok(())
     }
 
-    /// Sleeps until the earliest planned due time of a topic not in `full` (at most
-    /// one poll interval), a hint, or a webhook slot freed; `false` on shutdown.
-    async fn nap(
+    /// Sleeps until the earliest planned due time of a topic not `waiting` for room (at
+    /// most one poll interval), a hint, or room freed in the sink.
+    async fn nap<S: Sink + ?Sized>(
         &self,
         plan: &Plan,
         poll: Duration,
-        full: &HashSet<Topic>,
+        waiting: &HashSet<Topic>,
+        sink: &S,
         shutdown: &CancellationToken,
-    ) -> bool {
+    ) {
         // To the instant the server's clock reaches the due time, not a whole number
         // of milliseconds from a rounded `now`: that rounding was lateness.
         let polled = Instant::now() + poll;
         let mut wake = plan
-            .earliest_except(full)
+            .earliest_except(waiting)
             .map_or(polled, |due| self.clock.instant_of(due).min(polled));
-        if !full.is_empty() {
-            // A target's few free slots are served once its linger ends, even if no
-            // other request ends meanwhile.
-            if let Some(at) = self.webhooks.lingering_until() {
+        if !waiting.is_empty() {
+            // A sink's few free slots are served once its linger ends, even if no
+            // other delivery ends meanwhile.
+            if let Some(at) = sink.lingering_until() {
                 wake = wake.min(at);
             }
         }
         tokio::select! {
-            _ = shutdown.cancelled() => false,
-            _ = self.hints.notified() => true,
-            _ = self.webhooks.room_freed(), if !full.is_empty() => true,
-            _ = tokio::time::sleep_until(wake.into()) => true,
+            _ = shutdown.cancelled() => {}
+            _ = self.hints.notified() => {}
+            _ = sink.room_freed(), if !waiting.is_empty() => {}
+            _ = tokio::time::sleep_until(wake.into()) => {}
         }
-    }
-
-    /// Reserves up to `each` jobs of every topic of `group` in one round trip and
-    /// corrects the plan and the clock from the replies.
-    async fn reserve_group(
-        &self,
-        plan: &mut Plan,
-        group: &[Topic],
-        ttr: Duration,
-        each: usize,
-    ) -> Result<Vec<(Topic, Vec<ReservedJob>)>, crate::store::StoreError> {
-        let sent = Instant::now();
-        let batches = self.store.reserve_many(group, ttr, each).await?;
-        let mut reserved = Vec::with_capacity(group.len());
-        for (topic, batch) in group.iter().zip(batches) {
-            self.clock.observe(batch.now, sent);
-            // A rate-limited topic is planned for its next token, not its (past) head:
-            // no busy loop, and the other topics are served meanwhile.
-            let next = match (batch.next_due, batch.next_token) {
-                (Some(due), Some(token)) => Some(due.max(token)),
-                (due, _) => due,
-            };
-            plan.reserved(topic, batch.paused, next);
-            if !batch.corrupt.is_empty() {
-                self.metrics
-                    .corrupt_records
-                    .inc_by(batch.corrupt.len() as u64);
-                tracing::error!(%topic, ids = ?batch.corrupt, "scheduled ids with missing or unreadable records taken off the schedule; run `redisched check`");
-            }
-            reserved.push((topic.clone(), batch.jobs));
-        }
-        Ok(reserved)
     }
 
     /// Re-reads the earliest due time of the next [`RESCAN_CHUNK`] known topics, or of
     /// all of them when `full`. Hints (in-process and Pub/Sub) keep the plan current;
     /// this safety net only catches what they missed, so with T topics a missed hint
     /// is found within T / RESCAN_CHUNK poll intervals.
-    async fn rescan(
-        &self,
-        plan: &mut Plan,
-        full: bool,
-        serves: Serves,
-    ) -> Result<(), crate::store::StoreError> {
+    async fn rescan(&self, plan: &mut Plan, full: bool, route: Route) -> Result<(), StoreError> {
         let sent = Instant::now();
         let now = self.store.server_time().await?;
         self.clock.observe(now, sent);
@@ -192,7 +268,7 @@ impl Dispatcher {
         }
         loop {
             let (next, mut topics) = self.store.scan_topics(plan.cursor, RESCAN_CHUNK).await?;
-            topics.retain(|topic| self.mine(serves, topic));
+            topics.retain(|topic| self.mine(route, topic));
             let heads = self.store.next_due_times(&topics).await?;
             for (topic, head) in topics.into_iter().zip(heads) {
                 plan.rescanned(&topic, head);

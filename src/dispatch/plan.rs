@@ -1,5 +1,6 @@
-//! What the dispatcher knows of when each topic is next due, between AMQP sessions:
-//! planned from reserve replies, hints and rescans; paused topics left out for a while.
+//! What a sink's loop knows of when each of its topics is next due (kept across AMQP
+//! sessions): planned from reserve replies, hints and rescans; paused topics left out
+//! for a while.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ pub struct Plan {
     /// Where the incremental rescan of the topic set stands (an SSCAN cursor).
     pub(super) cursor: u64,
     /// Rotates the starting topic so a hot topic cannot starve the others.
-    pub(super) turn: usize,
+    turn: usize,
     /// Topics the reserve script found paused, and when: their due jobs wait, so the
     /// plan leaves them out instead of asking again on every pass (no spinning).
     pub(super) paused: HashMap<Topic, Instant>,
@@ -53,6 +54,18 @@ impl Plan {
             .take_while(|(due, _)| *due <= now)
             .map(|(_, topic)| topic.clone())
             .collect()
+    }
+
+    /// Topics due at `now`, starting at another one each round, so that none is always
+    /// served last.
+    pub(super) fn due_in_turn(&mut self, now: i64) -> Vec<Topic> {
+        let mut due = self.due(now);
+        if !due.is_empty() {
+            self.turn = self.turn.wrapping_add(1);
+            let start = self.turn % due.len();
+            due.rotate_left(start);
+        }
+        due
     }
 
     #[cfg(test)]
@@ -123,6 +136,22 @@ mod tests {
         plan.set(&t("b"), Some(400));
         assert_eq!(plan.due(1_000), vec![t("c"), t("b")]);
         assert_eq!(plan.next_due.len(), plan.by_due.len(), "both indexes agree");
+    }
+
+    #[test]
+    fn each_round_starts_at_another_due_topic() {
+        let mut plan = Plan::default();
+        for name in ["a", "b", "c"] {
+            plan.set(&t(name), Some(100));
+        }
+        let firsts: Vec<Topic> = (0..3).map(|_| plan.due_in_turn(1_000)[0].clone()).collect();
+        assert_eq!(firsts, vec![t("b"), t("c"), t("a")]);
+        assert!(plan.due_in_turn(50).is_empty());
+        assert_eq!(
+            plan.due_in_turn(1_000)[0],
+            t("b"),
+            "an empty round turns nothing"
+        );
     }
 
     #[test]

@@ -1,52 +1,32 @@
-//! Settling a delivery attempt, whatever the sink: a delivered job is released (a
-//! one-shot deleted, a series moved to its next occurrence, token-fenced), a failed one
-//! handed back with backoff and parked at `dispatch.max_attempts`. Sinks (the AMQP
-//! publisher, webhook targets) only report outcomes here; they never touch the store.
+//! Settling a delivery attempt, whatever the sink (the handle step of reserve → send →
+//! settle): a delivered job is released (a one-shot deleted, a series moved to its next
+//! occurrence, token-fenced), a failed one handed back with backoff and parked at
+//! `dispatch.max_attempts`. Sinks only report outcomes here ([`Settler::release`],
+//! [`Settler::retry`]); they never touch the store.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::clock::ServerClock;
+use super::ticket::{Reserved, Ticket};
 use crate::config::Config;
 use crate::feed::{Event, Feed};
-use crate::job::schedule::Schedule;
-use crate::job::Topic;
 use crate::metrics::Metrics;
 use crate::store::{
-    Delivered, DueHints, Expired, Lease, NextDue, Noted, ReservedJob, RetryOutcome, Store,
-    StoreError,
+    Delivered, DueHints, Expired, Lease, NextDue, Noted, RetryOutcome, Store, StoreError,
 };
 
-/// One reserved job on its way through a sink: what settling it needs.
+/// Where every sink reports what came of each job it was given.
 #[derive(Debug, Clone)]
-pub(crate) struct Ticket {
-    pub lease: Lease,
-    /// A series occurrence: released with its next occurrence.
-    pub schedule: Option<Schedule>,
-    /// When the job was due: a series occurrence's scheduled time plus its jitter.
-    pub due_at: i64,
-    /// The occurrence's scheduled time (the record's `due_at`, the series' grid).
-    pub scheduled_at: i64,
-    /// The series' `x-redisched-jitter` (0: none): the next occurrence's delay.
-    pub jitter_ms: u64,
-    pub attempt: u32,
-    /// For the `dispatched` history entry (a webhook's `HTTP 200`); empty for AMQP.
-    pub note: String,
-    /// Not delivered: expired `expires_after` ms after its due time, and set aside to
-    /// the expired exchange instead. Released all the same, logged `expired`.
-    pub expired: Option<u64>,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct Settler {
-    pub store: Store,
-    pub config: Arc<Config>,
-    pub metrics: Arc<Metrics>,
-    pub feed: Feed,
-    pub clock: Arc<ServerClock>,
+pub struct Settler {
+    pub(crate) store: Store,
+    pub(crate) config: Arc<Config>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) feed: Feed,
+    pub(crate) clock: Arc<ServerClock>,
     /// The board of the loop this settles for: a series moved to its next occurrence is
     /// hinted there.
-    pub hints: Arc<DueHints>,
+    pub(crate) hints: Arc<DueHints>,
 }
 
 impl Settler {
@@ -57,7 +37,7 @@ impl Settler {
     /// its in-flight permits, so dispatch pauses rather than piling up work.
     /// Jobs set aside as expired (their copy confirmed by the expired exchange) are
     /// released the same way, logged `expired` and counted apart.
-    pub(crate) async fn release(&self, done: &[Ticket]) {
+    pub async fn release(&self, done: &[Ticket]) {
         let (expired, done): (Vec<Ticket>, Vec<Ticket>) =
             done.iter().cloned().partition(|t| t.expired.is_some());
         if !expired.is_empty() {
@@ -132,8 +112,8 @@ impl Settler {
     }
 
     /// Puts a reserved job off, due again after `delay`, without recording a failure
-    /// (an expired job of a webhook topic while no broker channel is open to set it
-    /// aside on); if even that fails, its reservation expires and it is requeued.
+    /// (an expired job the set-aside has no channel or no room for just now); if even
+    /// that fails, its reservation expires and it is requeued.
     /// (A failed delivery is [`Settler::fail`].)
     pub(crate) async fn defer(&self, lease: &Lease, delay: Duration) {
         match self.store.retry(lease, delay).await {
@@ -146,6 +126,14 @@ impl Settler {
             Err(err) => tracing::warn!(topic = %lease.topic, id = %lease.id, error = %err,
                 "could not hand back an expired job; it is requeued after its time-to-run"),
         }
+    }
+
+    /// A delivery that failed: the job handed back with `reason` (its `last_error`), due
+    /// again after the backoff of its attempt; `kind` labels
+    /// `redisched_publish_retries_total` (the sink's name for what went wrong).
+    pub async fn retry(&self, ticket: &Ticket, kind: &str, reason: &str) {
+        let backoff = self.retry_delay(ticket.attempt);
+        self.fail(&ticket.lease, backoff, kind, reason).await;
     }
 
     /// Hands a job whose delivery failed back to the store with `reason` (shown as its
@@ -197,7 +185,7 @@ impl Settler {
     }
 
     /// A series occurrence that cannot be delivered because its next occurrence cannot
-    /// be computed ([`super::sink::ticket`]): its failure, with the usual backoff.
+    /// be computed ([`Ticket::of`]): its failure, with the usual backoff.
     pub(crate) async fn fail_unreadable(&self, lease: &Lease, attempt: u32, reason: &str) {
         tracing::error!(topic = %lease.topic, id = %lease.id, %reason, "series not delivered");
         self.fail(lease, self.retry_delay(attempt), "error", reason)
@@ -206,14 +194,22 @@ impl Settler {
 
     /// Jobs reserved but not sent because the sink's channel failed: due again now, the
     /// failure recorded on each (it counts towards `max_attempts`).
-    pub(crate) async fn fail_unsent(&self, topic: &Topic, jobs: Vec<ReservedJob>, reason: &str) {
-        for job in jobs {
-            let lease = Lease {
-                topic: topic.clone(),
-                id: job.id,
-                token: job.token,
-            };
-            self.fail(&lease, Duration::ZERO, "error", reason).await;
+    pub(crate) async fn fail_unsent(
+        &self,
+        unsent: impl IntoIterator<Item = Reserved>,
+        reason: &str,
+    ) {
+        for reserved in unsent {
+            self.fail(&reserved.ticket.lease, Duration::ZERO, "error", reason)
+                .await;
+        }
+    }
+
+    /// A job a sink took but could not start (no room after all): due again now,
+    /// no failure recorded (or, if Redis does not answer, once its TTR expires).
+    pub(crate) async fn hand_back(&self, lease: &Lease) {
+        if let Err(error) = self.store.retry(lease, Duration::ZERO).await {
+            tracing::warn!(%error, topic = %lease.topic, "could not hand a job back; its reservation expires into a requeue");
         }
     }
 

@@ -1,85 +1,151 @@
-//! The dispatch sink seam. Dispatch plans, reserves and hands each reserved job to the
-//! sink its topic routes to; the sink delivers it and reports the outcome to
-//! [`super::settle::Settler`] (release after a broker ack without return / after a
-//! 2xx; hand back with backoff otherwise). Two sinks exist:
+//! The sink seam. A sink delivers the jobs of the topics routed to it; dispatch runs one
+//! loop per sink (`Dispatcher::run` in `mod.rs`) that keeps the sink's topics planned,
+//! naps until one is due and then asks the sink for a [`Sink::round`]: the sink
+//! reserves through [`Core::reserve`] no more jobs than it can send now (prepare),
+//! sends them (call), and reports each outcome to the [`Settler`] (handle): release
+//! after a broker ack without return / after a 2xx, hand back with backoff otherwise.
+//! Expired jobs and series that cannot go on never reach a sink: the reserve sets them
+//! aside or fails them first.
 //!
-//! - AMQP (`Dispatcher::dispatch_loop`, `publish` in `mod.rs` + `confirm.rs`), one loop
-//!   per AMQP session: the ready exchange, publisher confirms, within the confirm
-//!   window `dispatch.window`;
-//! - webhooks (`Dispatcher::run_webhooks` + `webhook_sink.rs`), one loop for the whole
-//!   process that needs no broker: `[[targets]]`, each with its own in-flight cap.
+//! Which sink a topic goes to is decided here, once ([`Routes`]): the first sink beside
+//! AMQP that serves it, else the AMQP sink (the ready exchange). The AMQP sink runs per
+//! AMQP session (`amqp/`); the others for the whole process, each with a loop, a plan
+//! and a copy of the hints of its own, so a broker outage does not stop them.
 //!
-//! Each loop plans only its own topics ([`Serves`]). A new sink: a route here, a module
-//! that takes `(Ticket, ReservedJob)` and reports to the `Settler`, and a loop (or a
-//! branch of one) that reserves for its topics only as many jobs as it can send now.
+//! [`Core::reserve`]: super::Core::reserve
+//! [`Settler`]: super::Settler
 
-use super::settle::Ticket;
-use crate::job::meta::{decode_meta, jitter_of};
-use crate::job::schedule::Schedule;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+
+use super::reserve::Core;
+use crate::amqp::AmqpError;
 use crate::job::Topic;
-use crate::store::{Lease, ReservedJob};
+use crate::store::StoreError;
 
-/// Which loop plans a topic: the AMQP session's, or the webhook targets' (which runs
-/// without the broker).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Serves {
-    Amqp,
-    Webhooks,
+/// A way out for due jobs.
+pub trait Sink: Send + Sync + std::fmt::Debug {
+    /// What the logs call this sink's loop (`redis unavailable; <name> waits`).
+    fn name(&self) -> &str;
+
+    /// Whether this sink delivers `topic`'s jobs. Asked only of the sinks beside AMQP,
+    /// in [`Routes`] order; the AMQP sink takes every topic none of them serves.
+    fn serves(&self, topic: &Topic) -> bool;
+
+    /// One round over `due` (this sink's due topics, a different one first each round):
+    /// reserve through `core` no more jobs than can be sent now, so that no job waits
+    /// reserved in the bridge towards its time-to-run, and start sending them; each
+    /// outcome goes to `core.settler()`. [`Round::Idle`] when nothing could be taken.
+    fn round<'a>(
+        &'a self,
+        due: Vec<Topic>,
+        core: &'a mut Core<'_>,
+    ) -> BoxFuture<'a, Result<Round, RoundError>>;
+
+    /// Resolves when a delivery ended and freed room: the nap of a round that left
+    /// topics out for want of room ends then.
+    fn room_freed(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::pending())
+    }
+
+    /// When room too small to be worth a reserve yet is served anyway: such a nap
+    /// ends then at the latest.
+    fn lingering_until(&self) -> Option<Instant> {
+        None
+    }
+
+    /// On shutdown: waits up to `grace` for deliveries in flight (and logs those left
+    /// to their time-to-run).
+    fn drain(&self, _grace: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
-/// Where a topic's due jobs go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Route {
-    /// The ready exchange (every topic no target matches).
-    Amqp,
-    /// The webhook target at this index of `[[targets]]`.
-    Webhook(usize),
+/// What a round came to.
+#[derive(Debug)]
+pub enum Round {
+    /// Jobs were taken (or the sink waited): plan again at once.
+    Served,
+    /// Nothing taken; these due topics wait for room ([`Sink::room_freed`]).
+    Idle(HashSet<Topic>),
 }
 
-/// The settle ticket of a reserved job. A series occurrence is delivered only if its
-/// next occurrence can be computed at release: a spec in another client's convention
-/// is `Err` (the job's failure), with its lease.
-///
-/// A jittered series (`x-redisched-jitter` in its stored properties) is due at its
-/// scheduled time (the record's `due_at`) plus the occurrence's delay: that is the
-/// ticket's `due_at`. An occurrence reserved before that time was scheduled without
-/// its delay (released by a bridge of the release before jitter, or re-indexed by
-/// `check --repair` at its record's time): it is due at its scheduled time, never
-/// reported later than it was due.
-pub(crate) fn ticket(topic: &Topic, job: &ReservedJob) -> Result<Ticket, (Lease, String)> {
-    let lease = Lease {
-        topic: topic.clone(),
-        id: job.id.clone(),
-        token: job.token,
-    };
-    let schedule = match job.spec.as_deref().map(Schedule::from_spec) {
-        None => None,
-        Some(Ok(schedule)) => Some(schedule),
-        Some(Err(err)) => return Err((lease, format!("unreadable schedule spec: {err}"))),
-    };
-    let jitter_ms = match &schedule {
-        Some(_) => decode_meta(&job.meta).map_or(0, |props| jitter_of(&props)),
-        None => 0,
-    };
-    let delay = match &schedule {
-        Some(schedule) if jitter_ms > 0 => {
-            schedule.occurrence_delay(topic.as_str(), &job.id, job.due_at, jitter_ms)
+/// Why a round stopped short.
+#[derive(Debug, thiserror::Error)]
+pub enum RoundError {
+    /// Redis did not answer: the loop waits with backoff and goes on.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The AMQP session's channel failed: its loop ends and the session is reopened
+    /// (a sink beside AMQP that says this only waits, like for Redis).
+    #[error(transparent)]
+    Broker(#[from] AmqpError),
+}
+
+/// Where each topic's jobs go.
+#[derive(Debug, Default)]
+pub struct Routes {
+    sinks: Vec<Arc<dyn Sink>>,
+}
+
+/// A topic's sink: the AMQP one, or the sink beside it at this index of [`Routes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Amqp,
+    Sink(usize),
+}
+
+impl Routes {
+    /// The sinks beside AMQP, in the order they are asked whether they serve a topic.
+    pub fn new(sinks: Vec<Arc<dyn Sink>>) -> Self {
+        Self { sinks }
+    }
+
+    pub fn route(&self, topic: &Topic) -> Route {
+        self.sinks
+            .iter()
+            .position(|sink| sink.serves(topic))
+            .map_or(Route::Amqp, Route::Sink)
+    }
+
+    pub fn sinks(&self) -> &[Arc<dyn Sink>] {
+        &self.sinks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Prefix(&'static str);
+
+    impl Sink for Prefix {
+        fn name(&self) -> &str {
+            self.0
         }
-        _ => 0,
-    };
-    let jittered = job.due_at.saturating_add(i64::try_from(delay).unwrap_or(0));
-    Ok(Ticket {
-        lease,
-        schedule,
-        due_at: if jittered <= job.reserved_at {
-            jittered
-        } else {
-            job.due_at
-        },
-        scheduled_at: job.due_at,
-        jitter_ms,
-        attempt: job.attempt,
-        note: String::new(),
-        expired: None,
-    })
+        fn serves(&self, topic: &Topic) -> bool {
+            topic.as_str().starts_with(self.0)
+        }
+        fn round<'a>(
+            &'a self,
+            _: Vec<Topic>,
+            _: &'a mut Core<'_>,
+        ) -> BoxFuture<'a, Result<Round, RoundError>> {
+            Box::pin(async { Ok(Round::Idle(HashSet::new())) })
+        }
+    }
+
+    #[test]
+    fn the_first_sink_that_serves_a_topic_takes_it_and_amqp_the_rest() {
+        let routes = Routes::new(vec![Arc::new(Prefix("hook")), Arc::new(Prefix("h"))]);
+        let t = |name: &str| Topic::new(name).unwrap();
+        assert_eq!(routes.route(&t("hook.a")), Route::Sink(0));
+        assert_eq!(routes.route(&t("h.a")), Route::Sink(1));
+        assert_eq!(routes.route(&t("mail")), Route::Amqp);
+        assert_eq!(Routes::default().route(&t("hook.a")), Route::Amqp);
+    }
 }

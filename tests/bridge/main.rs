@@ -1,7 +1,8 @@
 //! Tests of a running bridge end to end over AMQP on the real Redis and RabbitMQ: the wire
 //! contract, each scheduler feature as the bridge delivers it (parking, pause, expiry, recurring
-//! series and their punctuality, jitter, rate limits, webhooks, partitions, cancel by prefix),
-//! producers and examples in other languages, and bad or hostile input.
+//! series and their punctuality, jitter, rate limits, webhooks, a third sink of the test's own,
+//! partitions, cancel by prefix), producers and examples in other languages, and bad or hostile
+//! input.
 //!
 //! One binary with one module per feature (`cargo test --test bridge <module>::`): one link
 //! of the library for all of them.
@@ -25,5 +26,6 @@ mod rate_limits;
 mod recurring;
 mod scale;
 mod subscription;
+mod third_sink;
 mod webhook_urls;
 mod webhooks;

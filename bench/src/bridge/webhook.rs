@@ -74,7 +74,7 @@ pub(super) struct Params {
 
 /// The forwarded name of the bench's producer-due header (`forward_headers = true`).
 fn forwarded(name: &str) -> String {
-    format!("{}{name}", redisched::webhook::FORWARDED_PREFIX)
+    format!("{}{name}", redisched::dispatch::FORWARDED_PREFIX)
 }
 
 pub(super) async fn run(env: &Env, params: &Params) -> Result<Value> {

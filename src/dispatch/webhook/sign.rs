@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 
 /// `webhook-signature`: `v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`, one per
 /// key, space-separated (a consumer accepts any one: rotation).
-pub fn signature(keys: &[Vec<u8>], msg_id: &str, timestamp: u64, body: &[u8]) -> String {
+pub(super) fn signature(keys: &[Vec<u8>], msg_id: &str, timestamp: u64, body: &[u8]) -> String {
     let b64 = base64::engine::general_purpose::STANDARD;
     keys.iter()
         .filter_map(|key| {
@@ -28,7 +28,7 @@ pub fn signature(keys: &[Vec<u8>], msg_id: &str, timestamp: u64, body: &[u8]) ->
 /// occurrence of a series (another due time) and a replace that changes the job's
 /// body, headers or due time get another. Derived, so no record format changes and
 /// every bridge computes the same id.
-pub fn webhook_id(
+pub(super) fn webhook_id(
     topic: &str,
     id: &str,
     due_at: i64,

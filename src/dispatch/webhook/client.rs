@@ -1,83 +1,46 @@
-//! The webhook transport: one HTTP client per target, the request a due job becomes
-//! (headers, body, Standard Webhooks signature) and what the answer means. It knows
-//! nothing of Redis or of dispatch: the sink in `dispatch/webhook_sink.rs` reserves,
-//! calls [`Client::post`] and reports the outcome to the settle module.
-
-mod resolve;
-mod sign;
+//! A target's HTTP client: the call (one POST of the request `request.rs` builds, to
+//! the target's URL or the job's own one, checked again and connected to through the
+//! address guard of `resolve.rs`) and what its answer means ([`Delivered`], or a
+//! [`Failure`] with its metrics code, `last_error` text and `Retry-After`). It knows
+//! nothing of Redis or of dispatch.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use hyper::body::Bytes;
-use lapin::protocol::basic::AMQPProperties;
-use lapin::types::AMQPValue;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
-use crate::job::headers;
-use crate::targets::{BodyMode, TargetConfig};
-pub use sign::{signature, webhook_id};
-
-/// The request header carrying the job's own URL (`allowed_url_prefixes`).
-pub const URL_HEADER: &str = headers::URL;
+use super::request::{self, Outgoing};
+use super::resolve;
 use crate::job::meta::own_url;
-/// The prefix of forwarded AMQP headers (`forward_headers = true`).
-pub const FORWARDED_PREFIX: &str = "x-redisched-header-";
+use crate::targets::TargetConfig;
+
 /// How much of a 2xx answer's body is read (and dropped) to keep the connection.
 const SUCCESS_BODY_BYTES: usize = 64 * 1024;
 /// How much of a failed response's body `last_error` quotes.
 const ERROR_BODY_BYTES: usize = 200;
 
-// The names every request carries, built at compile time rather than parsed per request.
-const TOPIC: HeaderName = HeaderName::from_static(headers::TOPIC);
-const ID: HeaderName = HeaderName::from_static(headers::ID);
-const DUE_AT: HeaderName = HeaderName::from_static(headers::DUE_AT);
-const ATTEMPT: HeaderName = HeaderName::from_static(headers::ATTEMPT);
-const SCHEDULED_AT: HeaderName = HeaderName::from_static(headers::SCHEDULED_AT);
-const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
-const WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
-const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
-/// Headers a request adds to the target's own (forwarded ones aside): no regrowth.
-const OWN_HEADERS: usize = 9;
-
-/// One due job as the transport sees it.
-#[derive(Debug)]
-pub struct Outgoing<'a> {
-    pub topic: &'a str,
-    pub id: &'a str,
-    /// When it was due (a series occurrence's jittered time).
-    pub due_at: i64,
-    /// The occurrence's scheduled time before its jitter (`due_at` when none).
-    pub scheduled_at: i64,
-    pub attempt: u32,
-    /// Shared, not copied, into a raw request's body.
-    pub body: &'a Bytes,
-    /// The job's stored AMQP properties (content type, forwarded headers, its URL).
-    pub props: &'a AMQPProperties,
-}
-
 /// A failed attempt: the metrics code, the `last_error` text, and a `Retry-After`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
+pub(super) struct Failure {
     /// `4xx`, `5xx`, `timeout`, `connect`, `tls` (or `3xx`, `1xx`, `url`, `error`).
-    pub code: &'static str,
+    pub(super) code: &'static str,
     /// The HTTP status, when there was an answer.
-    pub status: Option<u16>,
-    pub reason: String,
-    pub retry_after: Option<Duration>,
+    pub(super) status: Option<u16>,
+    pub(super) reason: String,
+    pub(super) retry_after: Option<Duration>,
 }
 
 /// What a 2xx answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Delivered {
-    pub status: u16,
+pub(super) struct Delivered {
+    pub(super) status: u16,
 }
 
 impl Failure {
     /// A failure no retry can mend: the job's own URL is refused by the guard (or no
     /// longer allowed by the target's configuration). Its job is parked at once, to be
     /// re-driven once the cause is fixed.
-    pub fn is_refusal(&self) -> bool {
+    pub(super) fn is_refusal(&self) -> bool {
         self.code == "url"
     }
 }
@@ -85,13 +48,13 @@ impl Failure {
 /// A target's client: pooled keep-alive connections, HTTP/2 when the server offers it
 /// (ALPN), no redirects, `HTTPS_PROXY` / `NO_PROXY` from the environment.
 #[derive(Debug, Clone)]
-pub struct Client {
+pub(super) struct Client {
     http: reqwest::Client,
     /// The client of jobs' own URLs, unless the target allows private ones: its
     /// resolver keeps only global addresses, and it connects directly (a proxy would
     /// resolve the name where the guard cannot see the address).
     guarded: Option<reqwest::Client>,
-    pub target: Arc<TargetConfig>,
+    pub(super) target: Arc<TargetConfig>,
     keys: Arc<Vec<Vec<u8>>>,
     extra: HeaderMap,
     /// The target's URL, parsed once: the common case (no per-job URL) then costs no
@@ -100,7 +63,7 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn new(target: TargetConfig) -> Result<Self, String> {
+    pub(super) fn new(target: TargetConfig) -> Result<Self, String> {
         let http = http_client(&target, false)?;
         let guarded = (!target.allowed_url_prefixes.is_empty() && !target.allow_private_job_urls)
             .then(|| http_client(&target, true))
@@ -134,58 +97,10 @@ impl Client {
     }
 
     /// POSTs one job and says what came of it; also returns how long it took.
-    pub async fn post(&self, job: &Outgoing<'_>) -> (Result<Delivered, Failure>, Duration) {
+    pub(super) async fn post(&self, job: &Outgoing<'_>) -> (Result<Delivered, Failure>, Duration) {
         let started = Instant::now();
         let result = self.try_post(job).await;
         (result, started.elapsed())
-    }
-
-    /// The request's headers: the target's own, the forwarded ones, the job's
-    /// (`x-redisched-*`) and the Standard Webhooks id, timestamp and signature of `body`.
-    /// Each is inserted in that order, a later one replacing an earlier of its name.
-    fn request_headers(&self, job: &Outgoing<'_>, body: &[u8]) -> HeaderMap {
-        let mut map = if self.extra.is_empty() {
-            HeaderMap::with_capacity(OWN_HEADERS)
-        } else {
-            let mut map = self.extra.clone();
-            map.reserve(OWN_HEADERS);
-            map
-        };
-        if self.target.forward_headers {
-            forward(job.props, &mut map);
-        }
-        let content_type = match (self.target.body_mode(), job.props.content_type()) {
-            (BodyMode::Seed, _) => Ok(HeaderValue::from_static("application/json")),
-            (BodyMode::Raw, Some(ct)) => HeaderValue::from_str(ct.as_str()),
-            (BodyMode::Raw, None) => Ok(HeaderValue::from_static("application/octet-stream")),
-        };
-        // As before: a value that cannot be a header value is left out, not an error.
-        if let Ok(value) = content_type {
-            map.insert(CONTENT_TYPE, value);
-        }
-        if let Ok(value) = HeaderValue::from_str(job.topic) {
-            map.insert(TOPIC, value);
-        }
-        if let Ok(value) = header_safe_value(job.id) {
-            map.insert(ID, value);
-        }
-        map.insert(DUE_AT, decimal(job.due_at));
-        map.insert(ATTEMPT, decimal(job.attempt));
-        map.insert(SCHEDULED_AT, decimal(job.scheduled_at));
-        let msg_id = webhook_id(job.topic, job.id, job.due_at, job.body, job.props);
-        let timestamp = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let signed =
-            (!self.keys.is_empty()).then(|| signature(&self.keys, &msg_id, timestamp, body));
-        if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(msg_id)) {
-            map.insert(WEBHOOK_ID, value);
-        }
-        map.insert(WEBHOOK_TIMESTAMP, decimal(timestamp));
-        if let Some(Ok(value)) = signed.map(|s| HeaderValue::from_maybe_shared(Bytes::from(s))) {
-            map.insert(WEBHOOK_SIGNATURE, value);
-        }
-        map
     }
 
     async fn try_post(&self, job: &Outgoing<'_>) -> Result<Delivered, Failure> {
@@ -205,17 +120,14 @@ impl Client {
             }
         };
         let url = own.as_deref().unwrap_or(&self.target.url);
-        let body = match self.target.body_mode() {
-            BodyMode::Raw => job.body.clone(),
-            BodyMode::Seed => Bytes::from(seed_body(job)),
-        };
+        let body = request::body(&self.target, job);
         // Built whole rather than through `RequestBuilder`, which would copy the
         // headers over one by one into a map of its own.
-        let mut request = reqwest::Request::new(reqwest::Method::POST, parsed);
-        *request.headers_mut() = self.request_headers(job, &body);
-        *request.body_mut() = Some(body.into());
+        let mut post = reqwest::Request::new(reqwest::Method::POST, parsed);
+        *post.headers_mut() = request::headers(&self.target, &self.extra, &self.keys, job, &body);
+        *post.body_mut() = Some(body.into());
         let response = http
-            .execute(request)
+            .execute(post)
             .await
             .map_err(|e| transport_failure(name, self.target.timeout_ms, url, &e))?;
         let status = response.status();
@@ -306,28 +218,12 @@ async fn refusal(name: &str, response: reqwest::Response) -> Failure {
     }
 }
 
-/// A number as `to_string` writes it, as a header value, formatted on the stack (`itoa`)
-/// rather than through a growable buffer as `HeaderValue::from` for integers does.
-fn decimal(n: impl itoa::Integer) -> HeaderValue {
-    HeaderValue::from_str(itoa::Buffer::new().format(n))
-        .unwrap_or_else(|_| HeaderValue::from_static("0"))
-}
-
 fn failure(code: &'static str, reason: String) -> Failure {
     Failure {
         code,
         status: None,
         reason,
         retry_after: None,
-    }
-}
-
-fn put(map: &mut HeaderMap, name: &str, value: &str) {
-    if let (Ok(name), Ok(value)) = (
-        HeaderName::from_bytes(name.as_bytes()),
-        HeaderValue::from_str(value),
-    ) {
-        map.insert(name, value);
     }
 }
 
@@ -407,87 +303,13 @@ fn redact(url: &str) -> String {
 }
 
 /// `Retry-After`: delta-seconds or an HTTP date; `None` if neither.
-pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
     if let Ok(secs) = value.parse::<u64>() {
         return Some(Duration::from_secs(secs));
     }
     let at = httpdate::parse_http_date(value).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
-}
-
-/// The original servers' body: `{"topic","id","contents"}`, contents as text (lossy
-/// for bytes that are not UTF-8).
-fn seed_body(job: &Outgoing<'_>) -> Vec<u8> {
-    serde_json::to_vec(&serde_json::json!({
-        "topic": job.topic,
-        "id": job.id,
-        "contents": String::from_utf8_lossy(job.body.as_ref()),
-    }))
-    .unwrap_or_default()
-}
-
-/// Forwarded AMQP headers as `x-redisched-header-<name>`: text and numbers as they
-/// are; other types as JSON-ish text. The job's URL is not forwarded.
-fn forward(props: &AMQPProperties, map: &mut HeaderMap) {
-    let Some(table) = props.headers() else {
-        return;
-    };
-    for (key, value) in table.inner() {
-        if key.as_str() == URL_HEADER {
-            continue;
-        }
-        let text = match value {
-            AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
-            AMQPValue::ShortString(s) => s.as_str().to_owned(),
-            AMQPValue::Boolean(b) => b.to_string(),
-            AMQPValue::ShortShortInt(n) => n.to_string(),
-            AMQPValue::ShortShortUInt(n) => n.to_string(),
-            AMQPValue::ShortInt(n) => n.to_string(),
-            AMQPValue::ShortUInt(n) => n.to_string(),
-            AMQPValue::LongInt(n) => n.to_string(),
-            AMQPValue::LongUInt(n) => n.to_string(),
-            AMQPValue::LongLongInt(n) => n.to_string(),
-            AMQPValue::Float(n) => n.to_string(),
-            AMQPValue::Double(n) => n.to_string(),
-            AMQPValue::Timestamp(n) => n.to_string(),
-            other => format!("{other:?}"),
-        };
-        let name = format!("{FORWARDED_PREFIX}{}", key.as_str().to_ascii_lowercase());
-        put(map, &name, &header_safe(&text));
-    }
-}
-
-/// [`header_safe`] as a header value, with no copy to a `String` for plain text.
-fn header_safe_value(text: &str) -> Result<HeaderValue, reqwest::header::InvalidHeaderValue> {
-    if is_plain(text) {
-        HeaderValue::from_str(text)
-    } else {
-        HeaderValue::from_str(&header_safe(text))
-    }
-}
-
-fn is_plain(text: &str) -> bool {
-    text.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'%')
-}
-
-/// Text as a header value: printable ASCII as is, anything else percent-encoded.
-pub fn header_safe(text: &str) -> String {
-    if is_plain(text) {
-        return text.to_owned();
-    }
-    let mut out = String::with_capacity(text.len() * 3);
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric()
-            || b"-._~".contains(&b)
-            || ((0x20..0x7f).contains(&b) && b != b'%')
-        {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -506,20 +328,5 @@ mod tests {
         let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
         assert_eq!(parse_retry_after(&past, now), Some(Duration::ZERO));
         assert_eq!(parse_retry_after("soon", now), None);
-    }
-
-    #[test]
-    fn ids_that_are_not_plain_ascii_are_percent_encoded() {
-        assert_eq!(header_safe("order-42"), "order-42");
-        assert_eq!(header_safe("größe"), "gr%C3%B6%C3%9Fe");
-        assert_eq!(header_safe("100%"), "100%25");
-    }
-
-    #[test]
-    fn numbers_are_written_as_to_string_writes_them() {
-        for n in [0, 7, -1, 1_796_090_000_002, i64::MAX, i64::MIN] {
-            assert_eq!(decimal(n), n.to_string().as_str());
-        }
-        assert_eq!(decimal(u64::MAX), u64::MAX.to_string().as_str());
     }
 }

@@ -1,6 +1,7 @@
-//! The AMQP sink's other half: awaits each publish's broker confirm in publish order,
-//! and reports the outcomes to the settle module: acked jobs are released in batches
-//! (one round trip per batch), refused ones handed back with backoff.
+//! The confirmer: awaits each publish's broker confirm in publish order, and reports the
+//! outcomes to the settle module: acked jobs are released in batches (one round trip
+//! per batch), refused ones handed back with backoff. One per confirm channel: each of
+//! the AMQP sink's lanes and the set-aside's channel.
 //!
 //! A `basic.return` (the broker found no queue for a `mandatory` publish) carries no
 //! delivery tag: AMQP only promises it arrives before that publish's ack. lapin hands
@@ -15,19 +16,18 @@
 //! oldest has waited [`MAX_HOLD`]; at [`RELEASE_BATCH`] acked jobs at once.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::message::BasicReturnMessage;
-use lapin::{BasicProperties, Confirmation, PublisherConfirm};
+use lapin::{Confirmation, PublisherConfirm};
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
-use super::settle::{Settler, Ticket};
-use crate::job::headers;
-use crate::job::meta::integer;
+use super::publish::ReturnKey;
+use crate::dispatch::settle::Settler;
+use crate::dispatch::ticket::Ticket;
 use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
 
@@ -45,80 +45,13 @@ const MAX_HOLD: Duration = Duration::from_millis(25);
 /// job was released before the return was seen (logged as an error).
 const ORPHAN_AFTER: Duration = Duration::from_secs(60);
 
-/// What identifies a published job in the broker's return of it: exchange, routing key
-/// (the topic), message id and the delivery headers of this one attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct ReturnKey(u64);
-
-impl ReturnKey {
-    /// The key of a publish of `props` to `exchange` with `routing_key`, computed from
-    /// what the broker returns verbatim.
-    pub(crate) fn of(exchange: &str, routing_key: &str, props: &BasicProperties) -> Self {
-        let table = props.headers().as_ref().map(|t| t.inner());
-        let header = |name: &str| table.and_then(|t| t.get(name)).and_then(integer);
-        Self::new(
-            exchange,
-            routing_key,
-            props,
-            [
-                header(headers::ATTEMPT),
-                header(headers::DUE_AT),
-                header(headers::SCHEDULED_AT),
-            ],
-        )
-    }
-
-    /// [`ReturnKey::of`] for a publish whose `x-redisched-attempt`, `-due-at` and
-    /// `-scheduled-at` headers are `attempt_headers`, known without looking them up.
-    pub(crate) fn of_publish(
-        exchange: &str,
-        routing_key: &str,
-        props: &BasicProperties,
-        attempt_headers: [i64; 3],
-    ) -> Self {
-        Self::new(exchange, routing_key, props, attempt_headers.map(Some))
-    }
-
-    fn new(
-        exchange: &str,
-        routing_key: &str,
-        props: &BasicProperties,
-        attempt_headers: [Option<i64>; 3],
-    ) -> Self {
-        // FxHash, a few instructions a byte where SipHash took a thousand a publish,
-        // seeded per process so that no producer can choose ids whose keys collide.
-        static SEED: LazyLock<u64> =
-            LazyLock::new(|| std::collections::hash_map::RandomState::new().hash_one(0u64));
-        let mut hasher = rustc_hash::FxHasher::default();
-        SEED.hash(&mut hasher);
-        exchange.hash(&mut hasher);
-        routing_key.hash(&mut hasher);
-        props
-            .message_id()
-            .as_ref()
-            .map(|id| id.as_str())
-            .hash(&mut hasher);
-        attempt_headers.hash(&mut hasher);
-        Self(hasher.finish())
-    }
-
-    fn of_returned(returned: &BasicReturnMessage) -> Self {
-        let delivery = &returned.delivery;
-        Self::of(
-            delivery.exchange.as_str(),
-            delivery.routing_key.as_str(),
-            &delivery.properties,
-        )
-    }
-}
-
 pub(crate) struct InFlight {
     pub ticket: Ticket,
     pub key: ReturnKey,
     pub confirm: PublisherConfirm,
-    /// Returned to the window when the job is released or handed back (none for the
-    /// webhook loop's expired copies, which use no AMQP window).
-    pub permit: Option<OwnedSemaphorePermit>,
+    /// Returned to its window (the AMQP sink's, or the set-aside's) when the job is
+    /// released or handed back.
+    pub permit: OwnedSemaphorePermit,
 }
 
 impl InFlight {
@@ -143,10 +76,11 @@ impl InFlight {
 struct Acked {
     ticket: Ticket,
     key: ReturnKey,
-    permit: Option<OwnedSemaphorePermit>,
+    permit: OwnedSemaphorePermit,
     seen: Instant,
 }
 
+/// Settles the publishes of one confirm channel.
 pub(crate) struct Confirmer {
     pub settler: Settler,
     pub warnings: Arc<LogThrottle>,
@@ -172,7 +106,7 @@ struct Ahead {
 
 impl Confirmer {
     /// Runs until the sender is dropped and every publish sent so far is settled.
-    pub(super) async fn run(self, mut in_flight: mpsc::UnboundedReceiver<InFlight>) {
+    pub(crate) async fn run(self, mut in_flight: mpsc::UnboundedReceiver<InFlight>) {
         let mut settling = Settling::default();
         loop {
             let next = match in_flight.try_recv() {
@@ -239,8 +173,7 @@ impl Confirmer {
                 {
                     tracing::warn!(topic = %lease.topic, id = %lease.id, "broker nacked a job; kept and retried");
                 }
-                let backoff = self.settler.retry_delay(ticket.attempt);
-                self.settler.fail(lease, backoff, "nack", "nack").await;
+                self.settler.retry(&ticket, "nack", "nack").await;
             }
             Ok(Confirmation::NotRequested) | Err(_) => {
                 // The channel died before the broker answered: the job may or may
@@ -304,10 +237,7 @@ impl Confirmer {
             Some(_) => format!("expired, and unroutable: {reply}"),
             None => format!("unroutable: {reply}"),
         };
-        let backoff = self.settler.retry_delay(ticket.attempt);
-        self.settler
-            .fail(lease, backoff, "unroutable", &reason)
-            .await;
+        self.settler.retry(ticket, "unroutable", &reason).await;
     }
 
     /// Releases the acked jobs settled by `now` (their window permits return only
@@ -315,7 +245,7 @@ impl Confirmer {
     async fn release_settled(&self, settling: &mut Settling, now: Instant) {
         let (settled, orphans) = settling.settled(now);
         if !settled.is_empty() {
-            let (tickets, permits): (Vec<Ticket>, Vec<Option<OwnedSemaphorePermit>>) = settled
+            let (tickets, permits): (Vec<Ticket>, Vec<OwnedSemaphorePermit>) = settled
                 .into_iter()
                 .map(|acked| (acked.ticket, acked.permit))
                 .unzip();
@@ -404,7 +334,9 @@ mod tests {
                 expired: None,
             },
             key: ReturnKey(n),
-            permit: None,
+            permit: Arc::new(tokio::sync::Semaphore::new(1))
+                .try_acquire_owned()
+                .expect("a free permit"),
             seen,
         }
     }
@@ -474,51 +406,5 @@ mod tests {
         assert_eq!(settling.release_at(), Some(start + MAX_HOLD));
         assert!(!settling.held_too_long(start + MAX_HOLD - Duration::from_millis(1)));
         assert!(settling.held_too_long(start + MAX_HOLD));
-    }
-
-    #[test]
-    fn the_key_is_the_one_the_broker_returns_for_one_attempt() {
-        let props = |attempt: i64| {
-            let mut table = lapin::types::FieldTable::default();
-            table.insert(
-                headers::ATTEMPT.into(),
-                lapin::types::AMQPValue::LongLongInt(attempt),
-            );
-            BasicProperties::default()
-                .with_message_id("job-1".into())
-                .with_headers(table)
-        };
-        let key = ReturnKey::of("ready", "t", &props(1));
-        assert_eq!(key, ReturnKey::of("ready", "t", &props(1)));
-        assert_ne!(key, ReturnKey::of("ready", "t", &props(2)));
-        assert_ne!(key, ReturnKey::of("expired", "t", &props(1)));
-        assert_ne!(key, ReturnKey::of("ready", "u", &props(1)));
-    }
-
-    #[test]
-    fn a_publish_knows_the_key_its_return_will_carry() {
-        let job = crate::store::ReservedJob {
-            id: "job-1".into(),
-            body: b"x".to_vec(),
-            meta: Vec::new(),
-            token: 7,
-            attempt: 2,
-            due_at: 1_700_000_000_000,
-            reserved_at: 1_700_000_000_100,
-            spec: None,
-        };
-        let due_at = job.due_at + 250;
-        let props =
-            crate::dispatch::properties::outgoing_properties("t", &job, Default::default(), due_at);
-        let known = [i64::from(job.attempt), due_at, job.due_at];
-        assert_eq!(
-            ReturnKey::of_publish("ready", "t", &props, known),
-            ReturnKey::of("ready", "t", &props)
-        );
-        let other = [i64::from(job.attempt), due_at + 1, job.due_at];
-        assert_ne!(
-            ReturnKey::of_publish("ready", "t", &props, other),
-            ReturnKey::of("ready", "t", &props)
-        );
     }
 }

@@ -1,0 +1,221 @@
+//! The request a due job becomes: its headers (the target's own, forwarded AMQP
+//! headers, the job's `x-redisched-*`, the Standard Webhooks id, timestamp and
+//! signature from `sign.rs`) and its body (raw, or the original servers' JSON).
+
+use std::time::SystemTime;
+
+use hyper::body::Bytes;
+use lapin::protocol::basic::AMQPProperties;
+use lapin::types::AMQPValue;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+
+use super::sign::{signature, webhook_id};
+use crate::job::headers;
+use crate::targets::{BodyMode, TargetConfig};
+
+/// The request header carrying the job's own URL (`allowed_url_prefixes`): never
+/// forwarded.
+const URL_HEADER: &str = headers::URL;
+/// The prefix of forwarded AMQP headers (`forward_headers = true`).
+pub const FORWARDED_PREFIX: &str = "x-redisched-header-";
+
+// The names every request carries, built at compile time rather than parsed per request.
+const TOPIC: HeaderName = HeaderName::from_static(headers::TOPIC);
+const ID: HeaderName = HeaderName::from_static(headers::ID);
+const DUE_AT: HeaderName = HeaderName::from_static(headers::DUE_AT);
+const ATTEMPT: HeaderName = HeaderName::from_static(headers::ATTEMPT);
+const SCHEDULED_AT: HeaderName = HeaderName::from_static(headers::SCHEDULED_AT);
+const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+const WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
+const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
+/// Headers a request adds to the target's own (forwarded ones aside): no regrowth.
+const OWN_HEADERS: usize = 9;
+
+/// One due job as the transport sees it.
+#[derive(Debug)]
+pub(super) struct Outgoing<'a> {
+    pub(super) topic: &'a str,
+    pub(super) id: &'a str,
+    /// When it was due (a series occurrence's jittered time).
+    pub(super) due_at: i64,
+    /// The occurrence's scheduled time before its jitter (`due_at` when none).
+    pub(super) scheduled_at: i64,
+    pub(super) attempt: u32,
+    /// Shared, not copied, into a raw request's body.
+    pub(super) body: &'a Bytes,
+    /// The job's stored AMQP properties (content type, forwarded headers, its URL).
+    pub(super) props: &'a AMQPProperties,
+}
+
+/// The request's headers: the target's own (`extra`), the forwarded ones, the
+/// job's (`x-redisched-*`) and the Standard Webhooks id, timestamp and signature of
+/// `body` (one per key of `keys`). Each is inserted in that order, a later one
+/// replacing an earlier of its name.
+pub(super) fn headers(
+    target: &TargetConfig,
+    extra: &HeaderMap,
+    keys: &[Vec<u8>],
+    job: &Outgoing<'_>,
+    body: &[u8],
+) -> HeaderMap {
+    let mut map = if extra.is_empty() {
+        HeaderMap::with_capacity(OWN_HEADERS)
+    } else {
+        let mut map = extra.clone();
+        map.reserve(OWN_HEADERS);
+        map
+    };
+    if target.forward_headers {
+        forward(job.props, &mut map);
+    }
+    let content_type = match (target.body_mode(), job.props.content_type()) {
+        (BodyMode::Seed, _) => Ok(HeaderValue::from_static("application/json")),
+        (BodyMode::Raw, Some(ct)) => HeaderValue::from_str(ct.as_str()),
+        (BodyMode::Raw, None) => Ok(HeaderValue::from_static("application/octet-stream")),
+    };
+    // As before: a value that cannot be a header value is left out, not an error.
+    if let Ok(value) = content_type {
+        map.insert(CONTENT_TYPE, value);
+    }
+    if let Ok(value) = HeaderValue::from_str(job.topic) {
+        map.insert(TOPIC, value);
+    }
+    if let Ok(value) = header_safe_value(job.id) {
+        map.insert(ID, value);
+    }
+    map.insert(DUE_AT, decimal(job.due_at));
+    map.insert(ATTEMPT, decimal(job.attempt));
+    map.insert(SCHEDULED_AT, decimal(job.scheduled_at));
+    let msg_id = webhook_id(job.topic, job.id, job.due_at, job.body, job.props);
+    let timestamp = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let signed = (!keys.is_empty()).then(|| signature(keys, &msg_id, timestamp, body));
+    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(msg_id)) {
+        map.insert(WEBHOOK_ID, value);
+    }
+    map.insert(WEBHOOK_TIMESTAMP, decimal(timestamp));
+    if let Some(Ok(value)) = signed.map(|s| HeaderValue::from_maybe_shared(Bytes::from(s))) {
+        map.insert(WEBHOOK_SIGNATURE, value);
+    }
+    map
+}
+
+/// The request's body: the job's own bytes (shared, not copied), or the original
+/// servers' JSON (`body = "seed"`).
+pub(super) fn body(target: &TargetConfig, job: &Outgoing<'_>) -> Bytes {
+    match target.body_mode() {
+        BodyMode::Raw => job.body.clone(),
+        BodyMode::Seed => Bytes::from(seed_body(job)),
+    }
+}
+
+/// The original servers' body: `{"topic","id","contents"}`, contents as text (lossy
+/// for bytes that are not UTF-8).
+fn seed_body(job: &Outgoing<'_>) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "topic": job.topic,
+        "id": job.id,
+        "contents": String::from_utf8_lossy(job.body.as_ref()),
+    }))
+    .unwrap_or_default()
+}
+
+/// Forwarded AMQP headers as `x-redisched-header-<name>`: text and numbers as they
+/// are; other types as JSON-ish text. The job's URL is not forwarded.
+fn forward(props: &AMQPProperties, map: &mut HeaderMap) {
+    let Some(table) = props.headers() else {
+        return;
+    };
+    for (key, value) in table.inner() {
+        if key.as_str() == URL_HEADER {
+            continue;
+        }
+        let text = match value {
+            AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+            AMQPValue::ShortString(s) => s.as_str().to_owned(),
+            AMQPValue::Boolean(b) => b.to_string(),
+            AMQPValue::ShortShortInt(n) => n.to_string(),
+            AMQPValue::ShortShortUInt(n) => n.to_string(),
+            AMQPValue::ShortInt(n) => n.to_string(),
+            AMQPValue::ShortUInt(n) => n.to_string(),
+            AMQPValue::LongInt(n) => n.to_string(),
+            AMQPValue::LongUInt(n) => n.to_string(),
+            AMQPValue::LongLongInt(n) => n.to_string(),
+            AMQPValue::Float(n) => n.to_string(),
+            AMQPValue::Double(n) => n.to_string(),
+            AMQPValue::Timestamp(n) => n.to_string(),
+            other => format!("{other:?}"),
+        };
+        let name = format!("{FORWARDED_PREFIX}{}", key.as_str().to_ascii_lowercase());
+        put(map, &name, &header_safe(&text));
+    }
+}
+
+/// [`header_safe`] as a header value, with no copy to a `String` for plain text.
+fn header_safe_value(text: &str) -> Result<HeaderValue, reqwest::header::InvalidHeaderValue> {
+    if is_plain(text) {
+        HeaderValue::from_str(text)
+    } else {
+        HeaderValue::from_str(&header_safe(text))
+    }
+}
+
+fn is_plain(text: &str) -> bool {
+    text.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'%')
+}
+
+/// Text as a header value: printable ASCII as is, anything else percent-encoded.
+fn header_safe(text: &str) -> String {
+    if is_plain(text) {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len() * 3);
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric()
+            || b"-._~".contains(&b)
+            || ((0x20..0x7f).contains(&b) && b != b'%')
+        {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A number as `to_string` writes it, as a header value, formatted on the stack (`itoa`)
+/// rather than through a growable buffer as `HeaderValue::from` for integers does.
+fn decimal(n: impl itoa::Integer) -> HeaderValue {
+    HeaderValue::from_str(itoa::Buffer::new().format(n))
+        .unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+fn put(map: &mut HeaderMap, name: &str, value: &str) {
+    if let (Ok(name), Ok(value)) = (
+        HeaderName::from_bytes(name.as_bytes()),
+        HeaderValue::from_str(value),
+    ) {
+        map.insert(name, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_that_are_not_plain_ascii_are_percent_encoded() {
+        assert_eq!(header_safe("order-42"), "order-42");
+        assert_eq!(header_safe("größe"), "gr%C3%B6%C3%9Fe");
+        assert_eq!(header_safe("100%"), "100%25");
+    }
+
+    #[test]
+    fn numbers_are_written_as_to_string_writes_them() {
+        for n in [0, 7, -1, 1_796_090_000_002, i64::MAX, i64::MIN] {
+            assert_eq!(decimal(n), n.to_string().as_str());
+        }
+        assert_eq!(decimal(u64::MAX), u64::MAX.to_string().as_str());
+    }
+}
