@@ -273,6 +273,7 @@ async fn run_cases(names: &[&'static str]) -> (Vec<&'static str>, Vec<(&'static 
 /// machine has cores, and the one-second cases need 30 s each); each case's panic names
 /// what failed, the summary which cases did. A timing miss is measured again (module doc).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow: bash scripts/test.sh runs it"]
 async fn series_at_or_below_one_second_arrive_on_time_on_their_grid_without_drift() {
     let _alone = common::timed::alone().await;
     let names = [

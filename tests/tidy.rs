@@ -645,6 +645,76 @@ fn no_comment_cites_an_issue_number() {
     );
 }
 
+/// `(test function, its #[ignore] reason or "")` for every ignored test in `source`.
+fn ignored_tests(source: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    let mut reason: Option<String> = None;
+    for line in source.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("#[ignore") {
+            let text = rest.split_once('"').and_then(|(_, r)| r.rsplit_once('"'));
+            reason = Some(text.map(|(r, _)| r.to_string()).unwrap_or_default());
+        } else if let Some(open) = reason.as_ref().and(line.find("fn ")) {
+            let name = line[open + 3..].split(['(', '<']).next().unwrap_or("");
+            found.push((name.to_string(), reason.take().unwrap_or_default()));
+        }
+    }
+    found
+}
+
+/// The test tiers: `cargo test` skips the tests ignored as `slow:`, and `scripts/test.sh`
+/// runs everything with `--include-ignored` except the tests its `BY_HAND` list skips
+/// (measurements and long runs). So every other ignore reason must be on that list, or
+/// the full run would start a by-hand test; and a rustdoc `ignore` block would be run too.
+#[test]
+fn every_ignored_test_is_slow_or_run_by_hand() {
+    let script = std::fs::read_to_string(repo().join("scripts/test.sh")).expect("scripts/test.sh");
+    let by_hand: BTreeSet<&str> = script
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("BY_HAND=("))
+        .and_then(|l| l.split_once(')'))
+        .map(|(names, _)| names.split_whitespace().collect())
+        .expect("scripts/test.sh lists BY_HAND=(...)");
+    let mut problems = Vec::new();
+    let mut listed = BTreeSet::new();
+    for dir in ["tests", "src"] {
+        for file in files(&repo().join(dir), &[".rs"]) {
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            if file.ends_with("tests/tidy.rs") {
+                continue;
+            }
+            for (name, reason) in ignored_tests(&text) {
+                if by_hand.contains(name.as_str()) {
+                    listed.insert(name);
+                } else if !reason.starts_with("slow:") {
+                    problems.push(format!(
+                        "{}: {name} is ignored ({reason:?}) but neither `slow:` nor in BY_HAND",
+                        rel(&file)
+                    ));
+                }
+            }
+            for (n, line) in text.lines().enumerate() {
+                let doc = line.trim_start().starts_with("//");
+                if doc && (line.contains("```ignore") || line.contains("```rust,ignore")) {
+                    problems.push(format!("{}:{}: an ignored doc test", rel(&file), n + 1));
+                }
+            }
+        }
+    }
+    for name in by_hand.iter().filter(|n| !listed.contains(**n)) {
+        problems.push(format!(
+            "scripts/test.sh BY_HAND names {name}, no such ignored test"
+        ));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    let sample =
+        "#[tokio::test]\n#[ignore = \"slow: x\"]\nasync fn a() {}\n#[ignore]\nfn b<T>() {}";
+    assert_eq!(
+        ignored_tests(sample),
+        [("a".into(), "slow: x".into()), ("b".into(), String::new())]
+    );
+}
+
 #[test]
 fn the_checker_itself_sees_what_it_must() {
     assert_eq!(

@@ -184,6 +184,7 @@ async fn parking_report(store: &common::TestStore, topic: &Topic, logs: &Path) -
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow: bash scripts/test.sh runs it"]
 async fn old_and_new_bridges_side_by_side_then_the_old_one_stops() {
     init_logging();
     let old_bin = previous_release();

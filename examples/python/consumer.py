@@ -1,16 +1,26 @@
-"""Print jobs as they come due (at-least-once: dedupe on message_id). `pip install pika`."""
+"""Print jobs as they come due on redisched.ready. Delivery is at-least-once: dedupe on
+message_id if a duplicate would hurt. `pip install -r requirements.txt` (pika).
+Settings: AMQP_URL, READY_EXCHANGE (redisched.ready), QUEUE (emails), TOPIC (emails)."""
 import os
+
 import pika
 
-params = pika.URLParameters(os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"))
-channel = pika.BlockingConnection(params).channel()
-channel.queue_declare("emails", durable=True)
-channel.queue_bind("emails", "redisched.ready", routing_key="emails")
+url = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
+exchange = os.environ.get("READY_EXCHANGE", "redisched.ready")
+queue = os.environ.get("QUEUE", "emails")
+topic = os.environ.get("TOPIC", "emails")
+
+channel = pika.BlockingConnection(pika.URLParameters(url)).channel()
+channel.queue_declare(queue, durable=True)  # jobs due while you are away wait here
+channel.queue_bind(queue, exchange, routing_key=topic)  # routing key = topic
+
 
 def on_job(ch, method, props, body):
-    h = props.headers or {}
-    print(props.message_id, "due", h.get("x-redisched-due-at"), "attempt", h.get("x-redisched-attempt"), body)
-    ch.basic_ack(method.delivery_tag)
+    due = (props.headers or {}).get("x-redisched-due-at")
+    print(f"job {props.message_id} due at {due}: {body.decode()}", flush=True)
+    ch.basic_ack(method.delivery_tag)  # after the work is done
 
-channel.basic_consume("emails", on_job)
+
+print(f"waiting for jobs on queue {queue}", flush=True)
+channel.basic_consume(queue, on_job)
 channel.start_consuming()

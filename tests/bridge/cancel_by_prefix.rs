@@ -514,6 +514,7 @@ fn bulk_load(conn: &mut redis::Connection, jobs: u64) {
 /// run, while a step the shared cores stalled (one in 7,542 in a red full-suite run, with
 /// the hypervisor's steal beside it) does not repeat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow: bash scripts/test.sh runs it"]
 async fn every_step_is_bounded_on_a_large_topic() {
     let _alone = common::timed::alone().await;
     let jobs: u64 = std::env::var("PREFIX_JOBS")

@@ -457,6 +457,7 @@ async fn two_bridges_deliver_each_job_exactly_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow: bash scripts/test.sh runs it"]
 async fn a_bridge_killed_mid_dispatch_loses_nothing_after_restart() {
     let _shared = common::timed::shared().await;
     // One confirm channel, and four taking turns (each with its own confirmer).

@@ -172,6 +172,7 @@ fn bridge_config(label: &str) -> Config {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow: bash scripts/test.sh runs it"]
 async fn deeply_nested_headers_are_set_aside_and_the_bridge_stays_up() {
     let _shared = common::timed::shared().await;
     let config = bridge_config("deep");

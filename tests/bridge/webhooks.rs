@@ -568,6 +568,7 @@ async fn signatures_verify_with_the_standard_webhooks_library_for_both_secrets_o
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow: bash scripts/test.sh runs it"]
 async fn a_dead_target_with_a_large_backlog_delays_neither_amqp_topics_nor_other_targets() {
     let _alone = common::timed::alone().await;
     use redisched::job::{Due, PutMode};

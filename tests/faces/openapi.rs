@@ -173,6 +173,7 @@ def before_call(context, case, kwargs):
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow: bash scripts/test.sh runs it"]
 async fn schemathesis_finds_no_disagreement_with_the_live_api() {
     let schemathesis = tool("schemathesis");
     // A new seed each run explores further over time; the seed is printed, and

@@ -88,6 +88,7 @@ fn bridge_connections(node: &PrivateRabbit) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "slow: bash scripts/test.sh runs it"]
 fn node_loss_in_a_three_node_cluster_loses_nothing() {
     bounded(FAULT_TEST_LIMIT, async {
         init_logging();

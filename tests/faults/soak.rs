@@ -76,6 +76,7 @@ fn redis_used_memory(conn: &mut redis::Connection) -> Option<u64> {
 }
 
 #[test]
+#[ignore = "slow: bash scripts/test.sh runs it"]
 fn soak_mixed_traffic_keeps_the_promise_with_flat_memory() {
     bounded(FAULT_TEST_LIMIT, async {
         let secs = env_u64("SOAK_SECS", 75);
