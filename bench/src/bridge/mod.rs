@@ -31,6 +31,7 @@ pub(crate) mod common;
 mod dispatch;
 mod ingest;
 mod peer;
+mod plain_http;
 mod precision;
 mod report;
 mod table;
