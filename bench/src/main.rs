@@ -11,6 +11,7 @@
 //! cargo run --release -p redisched-bench -- layout   # today's record layout vs bucketed
 //! cargo run --release -p redisched-bench -- instructions   # bridge instructions per command/job (callgrind)
 //! cargo run --release -p redisched-bench -- ten-million    # 10,000,000 waiting jobs, 3 rounds (~25 min)
+//! cargo run --release -p redisched-bench -- report --stdout   # the performance page's table
 //! ```
 //!
 //! `store` and `dispatch` compare the outcome history on (cap 1000) and off

@@ -105,7 +105,7 @@ pub(crate) async fn run(args: CompareArgs) -> Result<()> {
         "machine": super::machine(),
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "scenario": scenario.name(),
-        "runs": rounds,
+        "rounds_per_side": rounds,
         "order": "interleaved: round 1 baseline then candidate, round 2 candidate then baseline, and so on",
         "baseline_bin": baseline.bridge_bin.display().to_string(),
         "candidate_bin": candidate.bridge_bin.display().to_string(),
@@ -196,12 +196,20 @@ fn lines(scenario: &str, baseline: &[Value], candidate: &[Value]) -> Vec<Line> {
             add(label.clone(), read, *decimals);
         }
         add(
-            format!("redisched ÷ {}", figure.reference.label),
+            format!("redisched ÷ {}", without_unit(&figure.reference.label)),
             &|round| figure.ratio(round),
             2,
         );
     }
     out
+}
+
+/// `label` without its closing `(unit)`: a ratio has none.
+fn without_unit(label: &str) -> &str {
+    match label.rfind(" (") {
+        Some(at) if label.ends_with(')') => &label[..at],
+        _ => label,
+    }
 }
 
 fn markdown(lines: &[Line], rounds: usize) -> String {
@@ -212,13 +220,7 @@ fn markdown(lines: &[Line], rounds: usize) -> String {
         let show = |s: Option<Spread>| {
             s.map_or_else(
                 || "-".into(),
-                |s| {
-                    let v = s.to_json(3);
-                    match line.decimals {
-                        0 => table::figure(&v, table::number),
-                        d => table::figure(&v, |x| format!("{x:.d$}")),
-                    }
-                },
+                |s| figures::show(&s.to_json(3), line.decimals),
             )
         };
         let change = match (line.baseline, line.candidate) {
@@ -287,6 +289,7 @@ mod tests {
         assert_eq!(bridge.within(), Some(true));
         // The ratio to the ceiling, paired per round: 0.5 0.6 0.75 vs 0.65 1.0 0.54.
         let ratio = line("redisched ÷ a lapin publisher");
+        assert!(ratio.label.ends_with("window 1,000"), "{}", ratio.label);
         assert_eq!(ratio.baseline.map(|s| s.median), Some(0.6));
         assert_eq!(ratio.candidate.map(|s| s.median), Some(0.65));
         assert_eq!(ratio.within(), Some(true));

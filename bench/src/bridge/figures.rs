@@ -22,13 +22,20 @@ pub(super) struct Measure {
 impl Measure {
     /// A value, or a spread as `median (min–max)`, in this measure's digits.
     pub(super) fn show(&self, spread: &Value) -> String {
-        let decimals = self.decimals;
-        if decimals == 0 {
-            table::figure(spread, table::number)
-        } else {
-            table::figure(spread, |x| format!("{x:.decimals$}"))
-        }
+        show(spread, self.decimals)
     }
+}
+
+/// A value, or a spread as `median (min–max)`, with `decimals` fixed digits below 100
+/// (0: as `table::number` rounds); from 100 on, whole numbers with thousands separators.
+pub(super) fn show(spread: &Value, decimals: usize) -> String {
+    table::figure(spread, |x| {
+        if decimals == 0 || x.abs() >= 100.0 {
+            table::number(x)
+        } else {
+            format!("{x:.decimals$}")
+        }
+    })
 }
 
 impl std::fmt::Debug for Measure {

@@ -11,12 +11,18 @@
 //! target/release/redisched-bench dispatch --jobs 50000
 //! target/release/redisched-bench webhook            # 100,000 POSTs, 1,000/s, 10,000 held; 3 rounds
 //! target/release/redisched-bench dispatch --jobs 30000 --runs 9   # history on vs off, 9 rounds
+//! target/release/redisched-bench report             # the performance page's table (page.rs)
+//! target/release/redisched-bench compare --baseline-bin <old redisched> dispatch --runs 3
 //! ```
 //!
 //! `all --runs N` runs every scenario once per round, N rounds (so a drift of the shared
 //! machine hits every scenario alike), and prints every figure as median (min–max) of the
 //! rounds; `artifacts/bench.json` keeps each round's raw figures under `rounds`, the
 //! medians under `summary`, and round 1 at the top level as before `--runs` existed.
+//! Without `--quick` it also saves the rounds' figures as the results of record,
+//! `bench/results/<UTC start>-<commit>.json` (results.rs), which `report` reads.
+//! `compare` runs one scenario with two bridge binaries in interleaved rounds
+//! (compare.rs).
 //! Every report starts with its context: UTC start and end, git commit, load average at
 //! start and end, Redis and RabbitMQ versions.
 //!
@@ -565,4 +571,35 @@ fn machine() -> Value {
         })
         .unwrap_or_default();
     json!({ "cpus": cpus, "cpu_model": model, "note": "shared machine: Redis, RabbitMQ, the bridge and the bench on the same cores" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Line {
+        #[command(flatten)]
+        args: RunArgs,
+    }
+
+    fn args(words: &[&str]) -> RunArgs {
+        let argv = std::iter::once("bench").chain(words.iter().copied());
+        Line::try_parse_from(argv).expect("arguments").args
+    }
+
+    #[test]
+    fn only_full_runs_of_all_save_results_unless_told_where() {
+        let default = results::default_dir();
+        assert_eq!(args(&[]).results_dir_of("all"), Some(default));
+        assert_eq!(args(&[]).results_dir_of("dispatch"), None);
+        // CI's quick run leaves the repository alone.
+        assert_eq!(args(&["--quick"]).results_dir_of("all"), None);
+        assert_eq!(
+            args(&["--quick", "--results-dir", "/tmp/r"]).results_dir_of("all"),
+            Some(PathBuf::from("/tmp/r"))
+        );
+        assert_eq!(args(&["--no-results"]).results_dir_of("all"), None);
+    }
 }

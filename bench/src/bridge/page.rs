@@ -179,24 +179,16 @@ fn commit(run: &Value) -> String {
     }
 }
 
-/// The command as recorded, the binary named as a checkout builds it.
+/// The command as recorded, the binary's path from the build's `target/` on (the rest
+/// of the path is the machine's, not the command's).
 fn command(run: &Value) -> String {
     let recorded = run["command"].as_str().unwrap_or("");
-    let mut words = recorded.split_whitespace();
-    let binary = words.next().unwrap_or("");
-    let args: Vec<&str> = words.collect();
-    let binary = if Path::new(binary)
-        .file_name()
-        .is_some_and(|n| n == "redisched-bench")
-    {
-        "target/release/redisched-bench"
-    } else {
-        binary
+    let (binary, args) = recorded.split_once(' ').unwrap_or((recorded, ""));
+    let binary = match binary.find("target/") {
+        Some(at) => &binary[at..],
+        None => binary,
     };
-    std::iter::once(binary)
-        .chain(args)
-        .collect::<Vec<_>>()
-        .join(" ")
+    format!("{binary} {args}").trim_end().to_string()
 }
 
 /// Where a file's rows come from: its path, rounds, load and versions.

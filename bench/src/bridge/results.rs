@@ -1,8 +1,10 @@
 //! The results of record: `all` (not `--quick`) saves each run's rounds as
-//! `bench/results/<UTC start>-<commit>.json`, without their time series and CDFs (the
-//! full report stays in `artifacts/bench.json`), so `report` can rebuild the
-//! performance page's table from files kept in the repository. The newest file is
-//! meant to be committed with the page it fed.
+//! `bench/results/<UTC start>-<commit>.json`, so `report` can rebuild the performance
+//! page's table from files kept in the repository. Every figure of every round is
+//! kept; time series, CDFs, a scenario's own inner rounds (summarised beside them) and
+//! the long descriptions of what a figure is (documented where it is measured) are
+//! left to the full report, `artifacts/bench.json`. Commit the files the page's table
+//! cites (its `Source:` lines) with the page.
 
 use std::path::{Path, PathBuf};
 
@@ -14,6 +16,9 @@ const FORMAT: u64 = 1;
 
 /// Arrays of plain values longer than this are series or CDFs, left to the full report.
 const LONGEST_KEPT_ARRAY: usize = 8;
+
+/// Longer strings are descriptions of a figure, not figures.
+const LONGEST_KEPT_TEXT: usize = 100;
 
 /// `bench/results` of this checkout (or of the bench crate when run from elsewhere).
 pub(super) fn default_dir() -> PathBuf {
@@ -41,14 +46,14 @@ pub(super) fn of_report(report: &Value) -> Value {
     })
 }
 
-/// `value` without its long arrays of plain values (time series, CDFs, trials of
-/// numbers); objects and arrays of objects are kept whole.
+/// One round without what only the full report needs: time series and CDFs (and any
+/// long array of plain values), inner `rounds`, long descriptions.
 pub(super) fn slim(value: &Value) -> Value {
     match value {
         Value::Object(fields) => {
             let kept: Map<String, Value> = fields
                 .iter()
-                .filter(|(_, v)| !is_series(v))
+                .filter(|(key, v)| !left_out(key, v))
                 .map(|(k, v)| (k.clone(), slim(v)))
                 .collect();
             Value::Object(kept)
@@ -58,10 +63,12 @@ pub(super) fn slim(value: &Value) -> Value {
     }
 }
 
-fn is_series(value: &Value) -> bool {
-    value.as_array().is_some_and(|items| {
+fn left_out(key: &str, value: &Value) -> bool {
+    let series = value.as_array().is_some_and(|items| {
         items.len() > LONGEST_KEPT_ARRAY && !items.iter().any(Value::is_object)
-    })
+    });
+    let description = value.as_str().is_some_and(|t| t.len() > LONGEST_KEPT_TEXT);
+    series || description || key == "series" || key.starts_with("cdf") || key == "rounds"
 }
 
 /// `<started UTC, minutes>-<commit>[-dirty].json`: names sort by start.
@@ -169,8 +176,11 @@ mod tests {
             "dispatch": {"bridge": {"jobs_per_s": 9.0}},
             "rounds": [
                 {"dispatch": {"bridge": {"jobs_per_s": 9.0, "series": series},
+                              "ceiling": {"what": "w".repeat(101), "msgs_per_s": 12.0},
                               "best_publisher": {"trials": [{"publishers": 1, "msgs_per_s": 5.0}]},
-                              "load_average": [1.0, 2.0, 3.0]}},
+                              "load_average": [1.0, 2.0, 3.0]},
+                 "precision": {"rates": [{"rate_per_s": 1000, "cdf": [[1.0, 0.5]]}]},
+                 "webhook": {"throughput": {"ratio": {"median": 0.5}, "rounds": [{"ratio": 0.5}]}}},
                 {"dispatch": {"bridge": {"jobs_per_s": 11.0}}},
             ],
         });
@@ -180,6 +190,14 @@ mod tests {
         let first = &results["rounds"][0]["dispatch"];
         assert_eq!(first["bridge"]["jobs_per_s"], 9.0);
         assert!(first["bridge"].get("series").is_none());
+        assert!(first["ceiling"].get("what").is_none());
+        assert_eq!(first["ceiling"]["msgs_per_s"], 12.0);
+        let round = &results["rounds"][0];
+        assert_eq!(round["precision"]["rates"][0], json!({"rate_per_s": 1000}));
+        assert_eq!(
+            round["webhook"]["throughput"],
+            json!({"ratio": {"median": 0.5}})
+        );
         assert_eq!(first["best_publisher"]["trials"][0]["msgs_per_s"], 5.0);
         assert_eq!(first["load_average"], json!([1.0, 2.0, 3.0]));
         assert_eq!(file_name(&results), "2026-12-05T10-34Z-45b44b4.json");
