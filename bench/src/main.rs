@@ -11,6 +11,7 @@
 //! cargo run --release -p redisched-bench -- layout   # today's record layout vs bucketed
 //! cargo run --release -p redisched-bench -- instructions   # bridge instructions per command/job (callgrind)
 //! cargo run --release -p redisched-bench -- ten-million    # 10,000,000 waiting jobs, 3 rounds (~25 min)
+//! cargo run --release -p redisched-bench -- report --stdout   # the performance page's table
 //! ```
 //!
 //! `store` and `dispatch` compare the outcome history on (cap 1000) and off
@@ -77,6 +78,14 @@ enum Command {
     /// Ingest with redis.wait_replicas 0 vs 1 on a primary with a replica: throughput,
     /// command latency, and the raw WAIT floor.
     Replication(replication::ReplicationArgs),
+    /// The performance page's first table from the results `all` saved in
+    /// bench/results: each figure beside its same-run reference, the ratio, the date,
+    /// commit and command; written between the page's report markers.
+    Report(bridge::page::ReportArgs),
+    /// One bridge scenario with two `redisched` binaries (`--baseline-bin`, then
+    /// `--bridge-bin`), rounds interleaved; per figure both medians (min–max) and
+    /// whether the candidate's median lies within the baseline's spread.
+    Compare(Box<bridge::compare::CompareArgs>),
     /// 10,000,000 waiting jobs on a private redis-server, `--runs` rounds: the put rate
     /// per million while the store grows, bytes per job and fragmentation, a dispatch
     /// tick's reserve, `GET /v1/topics`, and a 1,000,000-job catch-up beside them.
@@ -203,6 +212,8 @@ async fn main() -> ExitCode {
         Command::Bridge(command) => bridge::run(command, store_for_all).await,
         Command::Replication(args) => replication::run(args).await,
         Command::TenMillion(args) => bridge::tenm::run(args).await,
+        Command::Report(args) => bridge::page::run(&args),
+        Command::Compare(args) => bridge::compare::run(*args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,12 +11,18 @@
 //! target/release/redisched-bench dispatch --jobs 50000
 //! target/release/redisched-bench webhook            # 100,000 POSTs, 1,000/s, 10,000 held; 3 rounds
 //! target/release/redisched-bench dispatch --jobs 30000 --runs 9   # history on vs off, 9 rounds
+//! target/release/redisched-bench report             # the performance page's table (page.rs)
+//! target/release/redisched-bench compare --baseline-bin <old redisched> dispatch --runs 3
 //! ```
 //!
 //! `all --runs N` runs every scenario once per round, N rounds (so a drift of the shared
 //! machine hits every scenario alike), and prints every figure as median (min–max) of the
 //! rounds; `artifacts/bench.json` keeps each round's raw figures under `rounds`, the
 //! medians under `summary`, and round 1 at the top level as before `--runs` existed.
+//! Without `--quick` it also saves the rounds' figures as the results of record,
+//! `bench/results/<UTC start>-<commit>.json` (results.rs), which `report` reads.
+//! `compare` runs one scenario with two bridge binaries in interleaved rounds
+//! (compare.rs).
 //! Every report starts with its context: UTC start and end, git commit, load average at
 //! start and end, Redis and RabbitMQ versions.
 //!
@@ -28,11 +34,16 @@ mod cancel;
 mod catchup;
 mod chart;
 pub(crate) mod common;
+pub(crate) mod compare;
 mod dispatch;
+mod figures;
 mod ingest;
+pub(crate) mod page;
 mod peer;
+mod plain_http;
 mod precision;
 mod report;
+mod results;
 mod table;
 pub(crate) mod tenm;
 pub(crate) mod webhook;
@@ -185,6 +196,14 @@ pub(crate) struct RunArgs {
     /// `all` only: skip the store bench.
     #[arg(long)]
     pub no_store: bool,
+    /// `all`: where the run's results file goes (`<UTC start>-<commit>.json`: every
+    /// round's figures without time series, read by `report`) [default: bench/results;
+    /// not saved for `--quick` unless this is given].
+    #[arg(long)]
+    pub results_dir: Option<PathBuf>,
+    /// `all`: save no results file.
+    #[arg(long)]
+    pub no_results: bool,
     /// JSON report [default: artifacts/bench.json for `all`, artifacts/bench-<scenario>.json].
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -297,6 +316,17 @@ impl RunArgs {
             hold_ms: self.pick(&self.webhook_hold_ms, 30_000, 2_000),
         }
     }
+    /// Where `name`'s results file goes, if anywhere: only `all` saves one.
+    fn results_dir_of(&self, name: &str) -> Option<PathBuf> {
+        if name != "all" || self.no_results || (self.quick && self.results_dir.is_none()) {
+            return None;
+        }
+        Some(
+            self.results_dir
+                .clone()
+                .unwrap_or_else(results::default_dir),
+        )
+    }
     fn env(&self) -> Result<Env> {
         Env::new(
             self.redis_url.clone(),
@@ -400,6 +430,10 @@ where
         .with_context(|| format!("write {}", out.display()))?;
     // The chart shows one run's distributions and series: round 1's.
     chart::draw(&report, &svg)?;
+    if let Some(dir) = args.results_dir_of(name) {
+        let saved = results::save(&results::of_report(&report), &dir)?;
+        println!("results of record: {}", saved.display());
+    }
     println!(
         "\nwrote {} and {} ({:.1} s)",
         out.display(),
@@ -407,6 +441,54 @@ where
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The scenarios that run the bridge binary, in the order a round of `all` runs them
+/// (`compare` runs one of them with each of two binaries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Scenario {
+    Dispatch,
+    Ingest,
+    Precision,
+    Cancel,
+    Catchup,
+    Webhook,
+}
+
+impl Scenario {
+    const ALL: [Scenario; 6] = [
+        Scenario::Dispatch,
+        Scenario::Ingest,
+        Scenario::Precision,
+        Scenario::Cancel,
+        Scenario::Catchup,
+        Scenario::Webhook,
+    ];
+
+    /// Its key in a report (and its command's name).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Scenario::Dispatch => "dispatch",
+            Scenario::Ingest => "ingest",
+            Scenario::Precision => "precision",
+            Scenario::Cancel => "cancel",
+            Scenario::Catchup => "catchup",
+            Scenario::Webhook => "webhook",
+        }
+    }
+}
+
+/// One pass of `scenario` with `env`'s bridge binary, as a round of `all` makes it:
+/// dispatch one pass per history side, webhook one round.
+async fn scenario_round(scenario: Scenario, env: &Env, a: &RunArgs) -> Result<Value> {
+    match scenario {
+        Scenario::Dispatch => dispatch::run(env, &a.dispatch(1)).await,
+        Scenario::Ingest => ingest::run(env, ingest::Kind::Put, &a.ingest()).await,
+        Scenario::Precision => precision::run(env, &a.precision()).await,
+        Scenario::Cancel => cancel::run(env, &a.cancel()).await,
+        Scenario::Catchup => catchup::run(env, &a.catchup()).await,
+        Scenario::Webhook => webhook::run(env, &a.webhook(1)).await,
+    }
 }
 
 /// One round of `all`: every scenario once, in a fixed order; each round's dispatch
@@ -439,19 +521,11 @@ where
         r["store"] = read_json(&store_out)?;
         clock("store");
     }
-    // The warm-up pass and the ceilings stay per round; one pass per history side.
-    r["dispatch"] = dispatch::run(&env, &a.dispatch(1)).await?;
-    clock("dispatch");
-    r["ingest"] = ingest::run(&env, ingest::Kind::Put, &a.ingest()).await?;
-    clock("ingest");
-    r["precision"] = precision::run(&env, &a.precision()).await?;
-    clock("precision");
-    r["cancel"] = cancel::run(&env, &a.cancel()).await?;
-    clock("cancel");
-    r["catchup"] = catchup::run(&env, &a.catchup()).await?;
-    clock("catchup");
-    r["webhook"] = webhook::run(&env, &a.webhook(1)).await?;
-    clock("webhook");
+    // The ceilings stay per round (dispatch's warm-up pass too).
+    for scenario in Scenario::ALL {
+        r[scenario.name()] = scenario_round(scenario, &env, a).await?;
+        clock(scenario.name());
+    }
     if !a.no_peer {
         match peer::run(&a.peer()).await {
             Ok(peer) => r["peer"] = peer,
@@ -497,4 +571,35 @@ fn machine() -> Value {
         })
         .unwrap_or_default();
     json!({ "cpus": cpus, "cpu_model": model, "note": "shared machine: Redis, RabbitMQ, the bridge and the bench on the same cores" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Line {
+        #[command(flatten)]
+        args: RunArgs,
+    }
+
+    fn args(words: &[&str]) -> RunArgs {
+        let argv = std::iter::once("bench").chain(words.iter().copied());
+        Line::try_parse_from(argv).expect("arguments").args
+    }
+
+    #[test]
+    fn only_full_runs_of_all_save_results_unless_told_where() {
+        let default = results::default_dir();
+        assert_eq!(args(&[]).results_dir_of("all"), Some(default));
+        assert_eq!(args(&[]).results_dir_of("dispatch"), None);
+        // CI's quick run leaves the repository alone.
+        assert_eq!(args(&["--quick"]).results_dir_of("all"), None);
+        assert_eq!(
+            args(&["--quick", "--results-dir", "/tmp/r"]).results_dir_of("all"),
+            Some(PathBuf::from("/tmp/r"))
+        );
+        assert_eq!(args(&["--no-results"]).results_dir_of("all"), None);
+    }
 }

@@ -59,7 +59,7 @@ pub(super) fn print_header(report: &Value) {
 
 /// Formats a figure, or a spread of it as `median (min–max)` (just the value if the
 /// rounds agree); `-` if absent.
-fn figure(v: &Value, format: impl Fn(f64) -> String) -> String {
+pub(super) fn figure(v: &Value, format: impl Fn(f64) -> String) -> String {
     if let Some(x) = v.as_f64() {
         return format(x);
     }
@@ -72,7 +72,7 @@ fn figure(v: &Value, format: impl Fn(f64) -> String) -> String {
     }
 }
 
-fn number(x: f64) -> String {
+pub(super) fn number(x: f64) -> String {
     if x.abs() >= 1_000.0 {
         let s = format!("{:.0}", x.abs());
         let mut out = String::from(if x < 0.0 { "-" } else { "" });

@@ -54,6 +54,8 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::common::{self, Arrival, Bridge, Cleanup, CommandRoute, Env, Lateness, Spread, Ticker};
+use super::plain_http::{like_the_bridge, plain_client};
+use super::webhook_floor;
 
 pub(super) struct Params {
     /// Due jobs of the throughput figure.
@@ -272,42 +274,6 @@ pub(crate) fn write_targets(config: &Config, file: &Path) -> Result<()> {
     std::fs::write(file, text).with_context(|| format!("write {}", file.display()))
 }
 
-/// The ceiling's client: as the bridge builds a target's (no redirects, pooled keep-alive).
-fn plain_client(max_in_flight: usize, timeout_ms: u64) -> Result<reqwest::Client> {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_millis(timeout_ms))
-        .pool_idle_timeout(Duration::from_secs(60))
-        .pool_max_idle_per_host(max_in_flight)
-        .build()
-        .context("build the plain HTTP client")
-}
-
-/// The headers the bridge sends with a raw body and no secrets, same names and sizes,
-/// and `extra` ones (the bench's own, valid names).
-pub(super) fn like_the_bridge(n: u64, extra: &[(&str, String)]) -> HeaderMap {
-    let now_ms = common::now_us() / 1000;
-    let fields = [
-        ("content-type", "application/octet-stream".to_string()),
-        (headers::TOPIC, "hook".to_string()),
-        (headers::ID, common::job_id("job", n)),
-        (headers::DUE_AT, now_ms.to_string()),
-        (headers::ATTEMPT, "1".to_string()),
-        ("webhook-id", format!("msg_{n:032x}")),
-        ("webhook-timestamp", (now_ms / 1000).to_string()),
-    ];
-    let mut map = HeaderMap::new();
-    for (name, value) in fields.iter().chain(extra.iter()) {
-        if let (Ok(name), Ok(value)) = (
-            reqwest::header::HeaderName::from_bytes(name.as_bytes()),
-            reqwest::header::HeaderValue::from_str(value),
-        ) {
-            map.insert(name, value);
-        }
-    }
-    map
-}
-
 /// POSTs `n` requests, `concurrency` at once, and reads each answer to its end.
 async fn post_many(
     client: &reqwest::Client,
@@ -420,8 +386,8 @@ async fn throughput_round(
     let steady = first.map(|f| common::per_sec(n, elapsed.saturating_sub(f)));
     let extra = (receiver.count() - counted).saturating_sub(n);
 
-    let floor_keys = super::webhook_floor::Keys::new(&base.redis.prefix);
-    let floor = super::webhook_floor::pass(
+    let floor_keys = webhook_floor::Keys::new(&base.redis.prefix);
+    let floor = webhook_floor::pass(
         &redis,
         &floor_keys,
         client,
@@ -1059,23 +1025,5 @@ mod tests {
         assert_eq!(l.early, 1);
         assert_eq!(l.max_ms, 4.0);
         assert_eq!(l.p50_ms, 2.0);
-    }
-
-    #[test]
-    fn the_ceiling_sends_the_headers_the_bridge_sends() {
-        let map = like_the_bridge(7, &[("x-extra", "1".into())]);
-        for name in [
-            "content-type",
-            headers::TOPIC,
-            headers::ID,
-            headers::DUE_AT,
-            headers::ATTEMPT,
-            "webhook-id",
-            "webhook-timestamp",
-            "x-extra",
-        ] {
-            assert!(map.contains_key(name), "{name} missing");
-        }
-        assert_eq!(map[headers::ID], common::job_id("job", 7).as_str());
     }
 }

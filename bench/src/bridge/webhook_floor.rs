@@ -21,6 +21,7 @@ use redis::aio::MultiplexedConnection;
 use tokio::sync::{mpsc, Semaphore};
 
 use super::common;
+use super::plain_http::like_the_bridge;
 
 /// Jobs per call, as the bridge's largest webhook take.
 const CALL: usize = 64;
@@ -160,7 +161,7 @@ pub(super) async fn pass(
                 .context("a take returned more jobs than free slots")?;
             let body = payload(record)?;
             let (client, url, answered) = (client.clone(), url.to_string(), answered.clone());
-            let headers = super::webhook::like_the_bridge(sent, &[]);
+            let headers = like_the_bridge(sent, &[]);
             sent += 1;
             tokio::spawn(async move {
                 let status = match client.post(url).headers(headers).body(body).send().await {
