@@ -251,6 +251,13 @@ async fn each_former_disagreement_is_settled() {
         // Topics: the pattern and at most 200 bytes.
         ("/v1/topics/a%20b/jobs/x", StatusCode::BAD_REQUEST, "topic"),
         ("/v1/topics/a%2Fb.c:d_e-f/jobs/x", StatusCode::CREATED, ""),
+        // A parameter the document does not list (additionalProperties: false): 400,
+        // not a job due now (schemathesis found one ignored).
+        (
+            "/v1/topics/t/jobs/x?dely_ms=60000",
+            StatusCode::BAD_REQUEST,
+            "unknown field `dely_ms`",
+        ),
         // delay_ms and at together: 400, as the document says.
         (
             "/v1/topics/t/jobs/x?delay_ms=1&at=2",
@@ -330,6 +337,14 @@ async fn each_former_disagreement_is_settled() {
                 "PUT {path}: {body} should say {says:?}"
             );
         }
+    }
+    for path in [
+        "/v1/jobs?id_prefix=abcdef&idprefix=x",
+        "/v1/topics/t/jobs?id_prefix=abcdef&x=1",
+    ] {
+        let (status, body) = s.send(s.client.delete(s.url(path))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "DELETE {path}: {body}");
+        assert!(body.to_string().contains("unknown field"), "{body}");
     }
     // A path segment that is not UTF-8: a JSON error like every other (the document
     // says every error body is JSON), not the framework's plain text.
