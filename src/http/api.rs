@@ -97,7 +97,10 @@ pub(super) async fn get_job(
 // ---------------------------------------------------------------------------------
 // Mutations
 
+/// An unknown parameter is refused (400), as the document's `additionalProperties:
+/// false` says: a misspelt `delay_ms` would otherwise schedule the job now.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct PutQuery {
     delay_ms: Option<String>,
     at: Option<String>,

@@ -15,7 +15,10 @@ use crate::feed::Event;
 use crate::job::{IdPrefix, Topic};
 use crate::view::PrefixDeleteView;
 
+/// An unknown parameter is refused (400), as the document's `additionalProperties:
+/// false` says: a misspelt `id_prefix` must not pass unseen.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct PrefixQuery {
     id_prefix: Option<String>,
     force: Option<String>,

@@ -35,6 +35,9 @@ pub(super) struct CompatSchedule {
     delay: Value,
     #[serde(default)]
     replace: bool,
+    /// The original frontend sends its cancel here as `"type": "cancellation"`.
+    #[serde(default, rename = "type")]
+    kind: Value,
 }
 
 #[derive(Debug, Deserialize)]
@@ -60,6 +63,11 @@ pub(super) async fn schedule(
         Ok(request) => request,
         Err(err) => return finish_put(&state, &topic, "", PutMode::Keep, Err(err)),
     };
+    if request.kind == "cancellation" {
+        let id = id_text(&request.id).unwrap_or_default();
+        let refused = Err(cancel_sent_here(&topic));
+        return finish_put(&state, &topic, &id, PutMode::Keep, refused);
+    }
     let id = id_text(&request.id);
     let mode = if request.replace {
         PutMode::Replace
@@ -80,6 +88,15 @@ pub(super) async fn schedule(
     .await;
     let id = id.unwrap_or_default();
     finish_put(&state, &topic, &id, mode, result)
+}
+
+/// A schedule body with `"type": "cancellation"` (how the original project's frontend
+/// sends its cancel, to `/schedule/undefined`): scheduling it would store an empty job
+/// that nobody wants, so it is refused, pointing at the endpoint that cancels.
+fn cancel_sent_here(topic: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "a body with \"type\": \"cancellation\" is a cancel, not a job: send it as POST /cancel/{{topic}} with {{\"id\": …}} (here POST /cancel/{topic}); nothing was scheduled"
+    ))
 }
 
 /// `POST /cancel/{topic}` with `{"id"}`: 404 when there is no such job.

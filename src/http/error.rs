@@ -64,6 +64,16 @@ impl ApiError {
         }
     }
 
+    /// A schedule (`every`, `cron`, `tz`, `jitter`) in the form the document states that
+    /// the server cannot use: an interval out of bounds, a cron field out of range or an
+    /// expression that never fires, an unknown zone, a jitter not below the interval.
+    pub fn invalid_schedule(message: impl Into<String>) -> Self {
+        Self {
+            code: Some("invalid_schedule"),
+            ..Self::new(StatusCode::UNPROCESSABLE_ENTITY, message)
+        }
+    }
+
     /// The outcome label for `redisched_commands` and the event feed.
     pub fn outcome(&self) -> &'static str {
         match self.status {

@@ -138,8 +138,12 @@ pub(super) struct Recurrence {
 }
 
 /// The schedule parameters of a put: `every` (ms or `15m`-style), or `cron` with an
-/// optional `tz` and `jitter` (ms); `None` for a one-shot put. Bad combinations and
-/// specs are 400s.
+/// optional `tz` and `jitter` (ms); `None` for a one-shot put. A value outside the form
+/// the document states for it ([`check_forms`]) and a combination it forbids are 400s;
+/// a well-formed value the server cannot use (an interval below
+/// `limits.min_interval_ms`, a cron field out of range or an expression that never
+/// fires, an unknown zone, a jitter not below the interval) is 422 `invalid_schedule`,
+/// as no schema can state those rules.
 pub(super) fn recurrence(
     state: &AppState,
     every: Option<&str>,
@@ -160,6 +164,7 @@ pub(super) fn recurrence(
             )));
         }
     }
+    check_forms(every, cron, tz, jitter)?;
     let parts = ScheduleParts {
         every,
         cron,
@@ -170,13 +175,109 @@ pub(super) fn recurrence(
         match Schedule::from_parts(parts, state.config.limits.min_interval_ms) {
             Ok(Some(recurring)) => recurring,
             Ok(None) => return Ok(None),
-            Err(err) => return Err(ApiError::bad_request(parts_error(&err))),
+            Err(
+                err @ (PartsError::BothEveryAndCron
+                | PartsError::TzWithoutCron
+                | PartsError::JitterWithoutSchedule),
+            ) => return Err(ApiError::bad_request(parts_error(&err))),
+            Err(err) => return Err(ApiError::invalid_schedule(parts_error(&err))),
         };
     Ok(Some(Recurrence {
         schedule,
         explicit,
         jitter_ms,
     }))
+}
+
+/// The forms `openapi.json` states for the schedule parameters (its patterns; like every
+/// pattern there, beside `"not": {"pattern": "\\n"}`, so that no validator lets `$`
+/// match before a final newline):
+/// - `every`: `^([0-9]+|([0-9]+(ms|s|m|h|d|w))+)$`;
+/// - `cron`: `^[0-9A-Za-z*?,/#-]+( +[0-9A-Za-z*?,/#-]+){4,5}$`;
+/// - `tz`: `^[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*$`;
+/// - `jitter`: `^[0-9]{1,13}$`.
+fn check_forms(
+    every: Option<&str>,
+    cron: Option<&str>,
+    tz: Option<&str>,
+    jitter: Option<&str>,
+) -> Result<(), ApiError> {
+    if let Some(every) = every.filter(|e| !is_every_form(e)) {
+        return Err(ApiError::bad_request(format!(
+            "every: interval {every:?} is neither milliseconds nor a duration like 15m or 1h30m (digits, or digits each followed by ms, s, m, h, d or w)"
+        )));
+    }
+    if let Some(cron) = cron.filter(|c| !is_cron_form(c)) {
+        return Err(ApiError::bad_request(format!(
+            "cron: cron expression {cron:?} must be fields of 0-9 A-Z a-z * ? , / # - separated by spaces; expected 5 (minute hour day-of-month month day-of-week) or 6 (a leading seconds field)"
+        )));
+    }
+    if let Some(tz) = tz.filter(|t| !is_zone_form(t)) {
+        return Err(ApiError::bad_request(format!(
+            "tz: {tz:?} is not an IANA time zone name (letters, digits, _ + - in parts separated by /, such as Europe/Berlin or UTC)"
+        )));
+    }
+    if let Some(jitter) = jitter.filter(|j| !is_jitter_form(j)) {
+        return Err(ApiError::bad_request(format!(
+            "jitter: jitter {jitter:?} is not a number of milliseconds >= 0 (1 to 13 digits)"
+        )));
+    }
+    Ok(())
+}
+
+fn is_digits(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())
+}
+
+fn is_every_form(text: &str) -> bool {
+    if is_digits(text) {
+        return true;
+    }
+    let mut rest = text.as_bytes();
+    if rest.is_empty() {
+        return false;
+    }
+    while !rest.is_empty() {
+        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        if digits == 0 {
+            return false;
+        }
+        rest = &rest[digits..];
+        // `ms` before `m`: after either only digits or the end may follow.
+        let unit = match rest {
+            [b'm', b's', ..] => 2,
+            [b's' | b'm' | b'h' | b'd' | b'w', ..] => 1,
+            _ => return false,
+        };
+        rest = &rest[unit..];
+    }
+    true
+}
+
+fn is_cron_form(text: &str) -> bool {
+    let field = |f: &str| {
+        !f.is_empty()
+            && f.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"*?,/#-".contains(&b))
+    };
+    let fields: Vec<&str> = text.split(' ').filter(|f| !f.is_empty()).collect();
+    !text.starts_with(' ')
+        && !text.ends_with(' ')
+        && (5..=6).contains(&fields.len())
+        && fields.into_iter().all(field)
+}
+
+fn is_zone_form(text: &str) -> bool {
+    text.split('/').all(|part| {
+        !part.is_empty()
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_+-".contains(&b))
+    })
+}
+
+fn is_jitter_form(text: &str) -> bool {
+    is_digits(text) && text.len() <= 13
 }
 
 /// A refused schedule in the query parameters' names.
@@ -206,11 +307,11 @@ impl Recurrence {
         let due = self
             .schedule
             .first_due(self.explicit, now)
-            .map_err(ApiError::bad_request)?;
+            .map_err(ApiError::invalid_schedule)?;
         let spec = self
             .schedule
             .store_spec()
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            .map_err(|e| ApiError::invalid_schedule(e.to_string()))?;
         let body_bytes = body.len();
         let request = PutRequest {
             topic,
@@ -250,4 +351,64 @@ fn announce(state: &AppState, topic: &Topic, id: &str, op: &str, outcome: &str) 
         outcome: outcome.to_string(),
     });
     tracing::info!(%topic, id, op, outcome, source = "http", "topic operation");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_forms_follow_the_documented_patterns() {
+        for every in ["900000", "0", "15m", "1h30m", "5ms", "2w3d", "1m5s", "007s"] {
+            assert!(is_every_form(every), "{every:?}");
+        }
+        for every in [
+            "", " 15m", "15 m", "1.5h", "-5", "15min", "m", "1h30", "15m\n", "1y", "\n",
+        ] {
+            assert!(!is_every_form(every), "{every:?}");
+        }
+        for cron in [
+            "0 9 * * MON-FRI",
+            "*/5  * * * * *",
+            "0 0 L * ?",
+            "0 9 * * 1#2",
+        ] {
+            assert!(is_cron_form(cron), "{cron:?}");
+        }
+        for cron in [
+            "0 9 * *",
+            " 0 9 * * *",
+            "0 9 * * * ",
+            "0\t9 * * * *",
+            "@daily",
+            "0 9 * * * * *",
+            "0 9 * * *\n",
+        ] {
+            assert!(!is_cron_form(cron), "{cron:?}");
+        }
+        for tz in [
+            "UTC",
+            "Europe/Berlin",
+            "America/Argentina/Buenos_Aires",
+            "Etc/GMT+5",
+            "Mars/Olympus",
+        ] {
+            assert!(is_zone_form(tz), "{tz:?}");
+        }
+        for tz in [
+            "",
+            "/UTC",
+            "Europe//Berlin",
+            "Europe/",
+            "Europe Berlin",
+            "UTC|x",
+            "UTC\n",
+        ] {
+            assert!(!is_zone_form(tz), "{tz:?}");
+        }
+        assert!(is_jitter_form("9999999999999") && !is_jitter_form("5\n"));
+        assert!(
+            !is_jitter_form("10000000000000") && !is_jitter_form(" 5") && !is_jitter_form("-1")
+        );
+    }
 }

@@ -23,10 +23,11 @@ pub(super) async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// Ready when Redis answers and accepts writes (no OOM; no eviction policy that may
-/// delete jobs unless `redis.allow_eviction`) and the AMQP topology is declared; 503
-/// says which is not. `redis` is "ok", "oom", "evicting" or why Redis does not answer;
-/// `redis_health` details what the store knows (see `store::RedisHealth`).
+/// Ready when Redis answers and accepts writes (no OOM; no call refused for lack of
+/// permission; no eviction policy that may delete jobs unless `redis.allow_eviction`) and
+/// the AMQP topology is declared; 503 says which is not. `redis` is "ok", "oom",
+/// "refused: NOPERM: …", "evicting" or why Redis does not answer; `redis_health` details
+/// what the store knows (see `store::RedisHealth`).
 pub(super) async fn readyz(State(state): State<AppState>) -> Response {
     let redis = match tokio::time::timeout(PING_TIMEOUT, state.store.ping()).await {
         Ok(Ok(())) => Ok(()),
@@ -52,10 +53,19 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Response {
         }
         Ok(()) if health.oom.is_some() => {
             problems.push(format!(
-                "redis: out of memory, Redis refuses writes ({})",
-                health.oom.as_deref().unwrap_or_default()
+                "redis: out of memory, Redis refuses writes ({}); ready again when {}",
+                health.oom.as_deref().unwrap_or_default(),
+                health.oom_until.as_deref().unwrap_or_default()
             ));
             "oom".to_string()
+        }
+        Ok(()) if health.refused.is_some() => {
+            let refused = health.refused.as_deref().unwrap_or_default();
+            problems.push(format!(
+                "redis: a call is refused for lack of permission, the Redis user's ACL lacks a command it needs ({refused}); ready again when it runs (or none is refused for {} s)",
+                crate::store::DENIAL_WINDOW.as_secs()
+            ));
+            format!("refused: {refused}")
         }
         Ok(()) if health.eviction_policy_ok == Some(false) && !allow_eviction => {
             problems.push(format!(
@@ -76,6 +86,8 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Response {
         "redis_health": {
             "writes": if health.oom.is_some() { "refused: out of memory" } else { "ok" },
             "oom": health.oom.is_some(),
+            "oom_until": health.oom_until,
+            "refused": health.refused,
             "eviction_policy": health.eviction_policy,
             "eviction_policy_ok": health.eviction_policy_ok,
             "eviction_allowed": allow_eviction,

@@ -110,6 +110,7 @@ pub struct Metrics {
     pub replication_wait: Histogram,
     pub redis_up: Gauge,
     pub redis_oom: Gauge,
+    pub redis_acl_denied: Gauge,
     pub redis_eviction_policy_ok: Gauge,
     pub redis_evicted_keys: Gauge,
     pub amqp_up: Gauge,
@@ -167,6 +168,7 @@ impl Metrics {
         ]);
         let redis_up = Gauge::default();
         let redis_oom = Gauge::default();
+        let redis_acl_denied = Gauge::default();
         let redis_eviction_policy_ok = Gauge::default();
         redis_eviction_policy_ok.set(-1);
         let redis_evicted_keys = Gauge::default();
@@ -241,6 +243,11 @@ impl Metrics {
             redis_oom.clone(),
         );
         registry.register(
+            "redis_acl_denied",
+            "1 while Redis refuses a call the bridge makes for lack of permission (the Redis user's ACL lacks a command it needs)",
+            redis_acl_denied.clone(),
+        );
+        registry.register(
             "redis_eviction_policy_ok",
             "1 when every Redis primary's maxmemory-policy keeps jobs (noeviction, volatile-*), 0 when one may evict them (allkeys-*), -1 unknown (INFO and CONFIG not allowed)",
             redis_eviction_policy_ok.clone(),
@@ -272,6 +279,7 @@ impl Metrics {
             replication_wait,
             redis_up,
             redis_oom,
+            redis_acl_denied,
             redis_eviction_policy_ok,
             redis_evicted_keys,
             amqp_up,
@@ -320,6 +328,8 @@ impl Metrics {
     pub fn set_redis_health(&self, health: &crate::store::HealthView) {
         self.redis_up.set(i64::from(health.reachable));
         self.redis_oom.set(i64::from(health.oom.is_some()));
+        self.redis_acl_denied
+            .set(i64::from(health.refused.is_some()));
         self.redis_eviction_policy_ok
             .set(health.eviction_policy_ok.map_or(-1, i64::from));
         self.redis_evicted_keys.set(

@@ -26,6 +26,7 @@ use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Value};
 
 use super::call::{Ack, Call, Durability, Route};
 use super::conn::{cluster_seeds, Conn};
+use super::denials::CallFacts;
 use super::error::{is_noscript, StoreError};
 use super::health::RedisHealth;
 use super::link::Link;
@@ -79,18 +80,40 @@ impl Executor {
         self.health = health;
     }
 
-    /// A command that Redis refuses while out of memory: its success shows that Redis
-    /// accepts writes again. `put.lua` (which always adds to memory) and `INCR`.
-    fn grows(&self, cmd: &Cmd) -> bool {
+    /// What the health needs to know of `cmd` (on `route`): whether Redis refuses it
+    /// while out of memory and its success shows that Redis accepts writes again
+    /// (`put.lua`, which always adds to memory, and `INCR`), its size, and its name.
+    fn facts(&self, cmd: &Cmd, route: Option<&Route>) -> CallFacts {
         let mut args = cmd.args_iter().filter_map(|arg| match arg {
             redis::Arg::Simple(bytes) => Some(bytes),
             _ => None,
         });
-        match args.next() {
-            Some(b"EVALSHA") => args.next() == Some(self.scripts.put.get_hash().as_bytes()),
-            Some(b"INCR") => true,
-            _ => false,
-        }
+        let first = args.next().unwrap_or_default();
+        let (grows, name) = if first.eq_ignore_ascii_case(b"EVALSHA") {
+            let hash = args.next().unwrap_or_default();
+            let script = self.scripts.name_of(hash).unwrap_or("a script");
+            (
+                hash == self.scripts.put.get_hash().as_bytes(),
+                format!("{script}.lua"),
+            )
+        } else {
+            (
+                first.eq_ignore_ascii_case(b"INCR"),
+                String::from_utf8_lossy(first).to_ascii_lowercase(),
+            )
+        };
+        let name = match route {
+            Some(Route::Topic(topic)) => format!("{name} on topic {:?}", topic.as_str()),
+            _ => name,
+        };
+        let bytes = cmd
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => bytes.len() as u64,
+                _ => 0,
+            })
+            .sum();
+        CallFacts { grows, bytes, name }
     }
 
     /// Runs a server command (`INFO`, `CONFIG GET`) on every primary: each node's name
@@ -106,7 +129,7 @@ impl Executor {
         let value = match reply {
             Ok(value) => value,
             Err(err) if err.code().is_some() => {
-                self.health.observe_replies(&[], &[]);
+                self.health.observe_answer();
                 return Ok(Err(err));
             }
             Err(err) => {
@@ -114,7 +137,7 @@ impl Executor {
                 return Err(StoreError::Unavailable(err));
             }
         };
-        self.health.observe_replies(&[], &[]);
+        self.health.observe_answer();
         if !self.cluster {
             return Ok(Ok(vec![(String::new(), value)]));
         }
@@ -172,10 +195,9 @@ impl Executor {
     ) -> Result<Sent, StoreError> {
         let sent = self.run_unobserved(calls, wait).await;
         match &sent {
-            Ok((replies, _)) => {
-                let grows: Vec<bool> = calls.iter().map(|call| self.grows(&call.cmd)).collect();
-                self.health.observe_replies(replies, &grows);
-            }
+            Ok((replies, _)) => self.health.observe_replies(replies, &|i| {
+                self.facts(&calls[i].cmd, Some(&calls[i].route))
+            }),
             Err(StoreError::Unavailable(err)) => self.health.observe_error(err),
             Err(_) => {}
         }
@@ -217,13 +239,10 @@ impl Executor {
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, StoreError> {
         let reply: RedisResult<Value> = cmd.query_async(&mut self.conn.clone()).await;
         match &reply {
-            Ok(_) => self
+            Err(err) if err.code().is_none() => self.health.observe_error(err),
+            _ => self
                 .health
-                .observe_replies(std::slice::from_ref(&reply), &[self.grows(cmd)]),
-            Err(err) if err.code().is_some() => self
-                .health
-                .observe_replies(std::slice::from_ref(&reply), &[false]),
-            Err(err) => self.health.observe_error(err),
+                .observe_replies(std::slice::from_ref(&reply), &|_| self.facts(cmd, None)),
         }
         Ok(redis::from_redis_value(reply?).map_err(RedisError::from)?)
     }

@@ -4,12 +4,20 @@
 //! One [`RedisHealth`] is shared by every store of a process (see [`Store::with_health`]),
 //! so readiness, the metrics and the logs read one source of truth. It is fed by
 //! - every call the transport makes (`exec.rs`): a reply, even an error reply, means
-//!   Redis answers; an `OOM` error means Redis refuses writes; an accepted `put.lua` or
-//!   `INCR` (commands Redis refuses under OOM) means it accepts them again;
+//!   Redis answers; an `OOM` error means Redis refuses writes; a permission error means
+//!   the user's ACL lacks a command a call needs (`denials.rs`);
 //! - the probe ([`Store::probe_health`]): `INFO memory` and `INFO stats` of every primary
 //!   (`maxmemory_policy`, `used_memory` against `maxmemory`, `evicted_keys`), with
 //!   `CONFIG GET maxmemory-policy` when `INFO` is refused. Both may be forbidden by an
 //!   ACL: the probe is best effort, says so once, and the policy reads "unknown".
+//!
+//! OOM has hysteresis, so that readiness does not flap at the boundary (where Redis takes
+//! a write whenever a little was freed and refuses the next): once Redis refused a write
+//! for memory, the state holds until `INFO memory` shows room, `used_memory` (as Redis
+//! counts it against the limit) at most [`ROOM_PERCENT`] % of `maxmemory` on every
+//! primary (or no limit). Where `INFO` is not allowed, it holds until a write Redis would
+//! refuse under OOM (`put.lua`, `INCR`) at least as large as the largest one it refused
+//! meanwhile is accepted (commands that waited come back: the largest one will too). Readiness says which of the two it waits for.
 //!
 //! Eviction: redisched keys never carry a TTL, so `noeviction` and the `volatile-*`
 //! policies (which only evict keys with a TTL) never delete a job; they make Redis refuse
@@ -17,15 +25,21 @@
 //! delete any key, scheduled jobs included.
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{RedisError, RedisResult, Value};
 use serde::Serialize;
 
+use super::denials::{CallFacts, Denials};
 use super::{Store, StoreError};
 
 /// How often `redisched run` probes Redis besides the probes of `/readyz` and `/metrics`.
 pub const HEALTH_PROBE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Out of memory ends when every primary uses at most this share of its `maxmemory`
+/// (see the module docs): 10 % of room, far more than one write needs, so that the
+/// next writes do not put Redis back at its limit at once.
+pub const ROOM_PERCENT: u64 = 90;
 
 /// Does `policy` (a `maxmemory-policy` value) keep redisched's keys? They carry no TTL,
 /// so only the `allkeys-*` policies may evict them.
@@ -45,6 +59,9 @@ pub struct NodeHealth {
     pub evicted_keys: Option<u64>,
     /// Above `maxmemory` (by Redis's own account): writes are refused.
     pub over_maxmemory: bool,
+    /// At most [`ROOM_PERCENT`] % of `maxmemory` (by Redis's own account), or no limit.
+    #[serde(skip)]
+    pub has_room: bool,
 }
 
 /// The eviction verdict over every primary.
@@ -139,6 +156,21 @@ impl Probe {
         self.nodes.iter().any(|n| n.over_maxmemory)
     }
 
+    /// Every primary's memory figures were read.
+    pub fn memory_readable(&self) -> bool {
+        self.unreadable.is_none()
+            && !self.nodes.is_empty()
+            && self
+                .nodes
+                .iter()
+                .all(|n| n.used_memory.is_some() && n.maxmemory.is_some())
+    }
+
+    /// Every primary has room ([`ROOM_PERCENT`]): an OOM state may end.
+    pub fn has_room(&self) -> bool {
+        self.memory_readable() && self.nodes.iter().all(|n| n.has_room)
+    }
+
     /// The memory figures of the fullest primary (`used_memory`, `maxmemory`), if read.
     fn memory(&self) -> Option<(u64, u64)> {
         self.nodes
@@ -155,6 +187,11 @@ pub struct HealthView {
     pub reachable: bool,
     /// Redis refuses writes for lack of memory: the error or the figures that said so.
     pub oom: Option<String>,
+    /// While `oom`: what ends it (room in `INFO memory`, or, where `INFO` is not allowed,
+    /// an accepted write as large as the largest refused one).
+    pub oom_until: Option<String>,
+    /// Redis refuses a call for lack of permission (the user's ACL): the latest one.
+    pub refused: Option<String>,
     /// The `maxmemory-policy` ("unknown" when `INFO` and `CONFIG` are forbidden).
     pub eviction_policy: String,
     /// `true` keeps jobs, `false` may evict them, `null` unknown.
@@ -169,10 +206,20 @@ pub struct HealthView {
     pub nodes: Vec<NodeHealth>,
 }
 
+/// Redis refused a write for memory.
+#[derive(Debug)]
+struct Oom {
+    why: String,
+    /// The size of the largest write refused since the state began (its arguments), 0
+    /// when only the figures said so.
+    refused_bytes: u64,
+}
+
 #[derive(Debug, Default)]
 struct State {
     reachable: Option<bool>,
-    oom: Option<String>,
+    oom: Option<Oom>,
+    denials: Denials,
     probe: Option<Probe>,
     /// What was last logged about the eviction policy, so a verdict is logged once.
     logged_eviction: Option<Eviction>,
@@ -205,32 +252,71 @@ impl RedisHealth {
         let mut state = self.state();
         state.reachable = Some(answered(err));
         if is_oom(err) {
-            Self::refused(&mut state, err.to_string());
+            Self::refused(&mut state, err.to_string(), None);
         }
+    }
+
+    /// Redis answered a call outside the job calls (`INFO`, `CONFIG GET`).
+    pub(super) fn observe_answer(&self) {
+        self.state().reachable = Some(true);
     }
 
     /// A round trip got its replies: Redis answers. An `OOM` reply starts the OOM state;
-    /// an accepted write that Redis would refuse under OOM (`grows[i]`) ends it.
-    pub(super) fn observe_replies(&self, replies: &[RedisResult<Value>], grows: &[bool]) {
+    /// where `INFO` cannot tell, an accepted write that Redis would refuse under OOM, as
+    /// large as the largest refused one, ends it. Permission refusals go to the denials.
+    /// `facts(i)` describes call `i`; it is asked only when one of these matters.
+    pub(super) fn observe_replies(
+        &self,
+        replies: &[RedisResult<Value>],
+        facts: &dyn Fn(usize) -> CallFacts,
+    ) {
         let mut state = self.state();
         state.reachable = Some(true);
-        let mut accepted = false;
-        for (reply, &grows) in replies.iter().zip(grows) {
-            match reply {
-                Err(err) if is_oom(err) => {
-                    Self::refused(&mut state, err.to_string());
-                    return;
-                }
-                Ok(_) if grows => accepted = true,
-                _ => {}
-            }
+        let denied = replies
+            .iter()
+            .any(|r| matches!(r, Err(err) if super::denials::is_denied(err)));
+        if denied || !state.denials.is_empty() {
+            state.denials.observe(replies, facts, Instant::now());
         }
+        // The largest write refused: a pipeline may carry small writes before it.
+        let refused = replies
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| match r {
+                Err(err) if is_oom(err) => Some((facts(i).bytes, err)),
+                _ => None,
+            })
+            .max_by_key(|(bytes, _)| *bytes);
+        if let Some((bytes, err)) = refused {
+            Self::refused(&mut state, err.to_string(), Some(bytes));
+            return;
+        }
+        let Some(oom) = &state.oom else { return };
+        // With the figures readable, only they end it (a small write at the boundary
+        // proves nothing).
+        if state.probe.as_ref().is_some_and(Probe::memory_readable) {
+            return;
+        }
+        let wanted = oom.refused_bytes;
+        let accepted = replies.iter().enumerate().any(|(i, reply)| {
+            reply.is_ok() && {
+                let call = facts(i);
+                call.grows && call.bytes >= wanted
+            }
+        });
         if accepted {
-            Self::accepted(&mut state, "a write succeeded");
+            Self::accepted(
+                &mut state,
+                &format!("a write of at least {wanted} bytes succeeded"),
+            );
         }
     }
 
-    fn refused(state: &mut State, why: String) {
+    /// Starts (or renews) the OOM state; `bytes`: the size of the refused write.
+    fn refused(state: &mut State, why: String, bytes: Option<u64>) {
+        let refused_bytes = bytes
+            .unwrap_or(0)
+            .max(state.oom.as_ref().map_or(0, |o| o.refused_bytes));
         if state.oom.is_none() {
             tracing::error!(
                 error = %why,
@@ -239,7 +325,7 @@ impl RedisHealth {
                  (\"redis\":\"oom\"). Raise maxmemory or free memory on the Redis server"
             );
         }
-        state.oom = Some(why);
+        state.oom = Some(Oom { why, refused_bytes });
     }
 
     fn accepted(state: &mut State, how: &str) {
@@ -298,17 +384,22 @@ impl RedisHealth {
                 );
             }
         }
-        // Only the figures can tell (no write may come while the bridge is idle).
-        if probe.unreadable.is_none() {
+        // Only the figures can tell (no write may come while the bridge is idle); between
+        // the limit and room, the state stays as it is.
+        if probe.memory_readable() {
             if probe.over_maxmemory() {
                 if let Some((used, max)) = probe.memory() {
                     Self::refused(
                         &mut state,
                         format!("used_memory {used} > maxmemory {max} with a policy that evicts nothing"),
+                        None,
                     );
                 }
-            } else if state.oom.is_some() {
-                Self::accepted(&mut state, "used_memory is below maxmemory");
+            } else if state.oom.is_some() && probe.has_room() {
+                Self::accepted(
+                    &mut state,
+                    &format!("INFO memory shows used_memory at most {ROOM_PERCENT} % of maxmemory"),
+                );
             }
         }
         state.probe = Some(probe);
@@ -316,12 +407,28 @@ impl RedisHealth {
 
     /// The latest state.
     pub fn view(&self) -> HealthView {
-        let state = self.state();
+        let mut state = self.state();
+        state.denials.expire(Instant::now());
         let eviction = state.probe.as_ref().map(Probe::eviction);
         let memory = state.probe.as_ref().and_then(Probe::memory);
+        let oom_until = state.oom.as_ref().map(|oom| {
+            if state.probe.as_ref().is_some_and(Probe::memory_readable) {
+                let now = memory
+                    .map(|(used, max)| format!(" (now {used} of {max} bytes)"))
+                    .unwrap_or_default();
+                format!("INFO memory shows used_memory at most {ROOM_PERCENT} % of maxmemory{now}")
+            } else {
+                format!(
+                    "a write of at least {} bytes is accepted (INFO memory is not readable for this user)",
+                    oom.refused_bytes
+                )
+            }
+        });
         HealthView {
             reachable: state.reachable.unwrap_or(false),
-            oom: state.oom.clone(),
+            oom: state.oom.as_ref().map(|o| o.why.clone()),
+            oom_until,
+            refused: state.denials.describe(),
             eviction_policy: eviction
                 .as_ref()
                 .map_or("unknown", Eviction::policy)
@@ -388,6 +495,14 @@ fn node_from_info(node: String, info: &str) -> NodeHealth {
         }
         _ => false,
     };
+    let has_room = match (used, max) {
+        (Some(used), Some(max)) => {
+            max == 0
+                || u128::from(used.saturating_sub(not_counted)) * 100
+                    <= u128::from(max) * u128::from(ROOM_PERCENT)
+        }
+        _ => false,
+    };
     NodeHealth {
         node,
         eviction_policy: policy,
@@ -395,6 +510,7 @@ fn node_from_info(node: String, info: &str) -> NodeHealth {
         maxmemory: max,
         evicted_keys: info_u64(info, "evicted_keys"),
         over_maxmemory: over,
+        has_room,
     }
 }
 
@@ -516,6 +632,7 @@ fn unread(node: String) -> NodeHealth {
         maxmemory: None,
         evicted_keys: None,
         over_maxmemory: false,
+        has_room: false,
     }
 }
 
@@ -570,7 +687,85 @@ mod tests {
             (Some(2000), Some(1000), Some(7))
         );
         assert!(health.over_maxmemory);
+        assert!(!health.has_room);
         let unlimited = info.replace("maxmemory:1000", "maxmemory:0");
         assert!(!node_from_info(String::new(), &unlimited).over_maxmemory);
+        assert!(node_from_info(String::new(), &unlimited).has_room);
+        // Room: at most 90 % of the limit, as Redis counts it.
+        let at = |used: u64| {
+            node_from_info(
+                String::new(),
+                &info.replace("used_memory:2000", &format!("used_memory:{used}")),
+            )
+        };
+        assert!(!at(950).over_maxmemory && !at(950).has_room);
+        assert!(at(900).has_room);
+    }
+
+    fn memory_probe(used: u64, max: u64) -> Probe {
+        let info = format!("used_memory:{used}\r\nmaxmemory:{max}\r\nmaxmemory_policy:noeviction\r\nevicted_keys:0\r\n");
+        Probe {
+            nodes: vec![node_from_info(String::new(), &info)],
+            unreadable: None,
+        }
+    }
+
+    fn oom_reply() -> RedisResult<Value> {
+        match redis::parse_redis_value(
+            b"-OOM command not allowed when used memory > 'maxmemory'.\r\n",
+        ) {
+            Ok(Value::ServerError(err)) => Err(RedisError::from(err)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn write(bytes: u64) -> impl Fn(usize) -> CallFacts {
+        move |_| CallFacts {
+            grows: true,
+            bytes,
+            name: "put.lua".into(),
+        }
+    }
+
+    #[test]
+    fn with_info_only_room_in_the_figures_ends_an_oom() {
+        let health = RedisHealth::new();
+        health.record_probe(memory_probe(990, 1000));
+        health.observe_replies(&[oom_reply()], &write(500));
+        assert!(health.view().oom.is_some());
+        // At the boundary Redis takes a write again: still out of memory.
+        health.observe_replies(&[Ok(Value::Okay)], &write(5_000));
+        health.record_probe(memory_probe(950, 1000));
+        let view = health.view();
+        assert!(view.oom.is_some(), "{view:?}");
+        let until = view.oom_until.unwrap_or_default();
+        assert!(
+            until.contains("INFO memory") && until.contains("90 %"),
+            "{until}"
+        );
+        health.record_probe(memory_probe(900, 1000));
+        assert_eq!(health.view().oom, None);
+        assert_eq!(health.view().oom_until, None);
+    }
+
+    #[test]
+    fn without_info_a_write_as_large_as_the_refused_one_ends_an_oom() {
+        let health = RedisHealth::new();
+        health.record_probe(Probe {
+            nodes: vec![unread(String::new())],
+            unreadable: Some("NOPERM info".into()),
+        });
+        health.observe_replies(&[oom_reply()], &write(500));
+        let until = health.view().oom_until.unwrap_or_default();
+        assert!(until.contains("at least 500 bytes"), "{until}");
+        health.observe_replies(&[Ok(Value::Okay)], &write(499));
+        health.observe_replies(&[Ok(Value::Okay)], &|_| CallFacts {
+            grows: false,
+            bytes: 10_000,
+            name: "release.lua".into(),
+        });
+        assert!(health.view().oom.is_some());
+        health.observe_replies(&[Ok(Value::Okay)], &write(500));
+        assert_eq!(health.view().oom, None);
     }
 }

@@ -16,13 +16,15 @@
 //! - `registry.rs`: the topics set, and what the store remembers registering in it;
 //! - `conn.rs`, `link.rs`: opening connections and replacing dead ones;
 //! - `durable.rs`: waiting for replicas (`WAIT`) after job writes (`redis.wait_replicas`);
-//! - `health.rs`: is Redis answering, refusing writes (OOM), may it evict keys.
+//! - `health.rs`: is Redis answering, refusing writes (OOM), may it evict keys;
+//!   `denials.rs`: calls it refuses for lack of permission (ACL).
 //!
 //! Adding a script: `lua/<name>.lua`, its name in the list of `scripts.rs`, and its
 //! file in `ops/` (declared in `ops/mod.rs`, its public types re-exported here).
 
 mod call;
 mod conn;
+mod denials;
 mod durable;
 mod error;
 mod exec;
@@ -42,11 +44,13 @@ use std::time::Duration;
 
 pub use call::Durability;
 pub use conn::cluster_seeds;
+pub use denials::DENIAL_WINDOW;
 pub use durable::{Replication, WriteMark};
 pub use error::{RejectCode, Rejection, StoreError};
 use exec::Executor;
 pub use health::{
     policy_keeps_jobs, Eviction, HealthView, NodeHealth, Probe, RedisHealth, HEALTH_PROBE_INTERVAL,
+    ROOM_PERCENT,
 };
 pub use keys::{KeySpace, TopicKeys};
 pub use notify::{DueHints, SUBSCRIPTION_PING_INTERVAL};

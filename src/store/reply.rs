@@ -113,12 +113,17 @@ pub(crate) fn per_topic(
 ) -> Result<Option<Value>, StoreError> {
     match reply {
         Ok(value) => Ok(Some(value)),
-        Err(err) => match StoreError::from(err) {
-            StoreError::Rejected(rejection) => {
+        Err(err) => match (super::denials::is_denied(&err), StoreError::from(err)) {
+            // The health says it once (an error), and readiness fails (`denials.rs`).
+            (true, StoreError::Rejected(rejection)) => {
+                tracing::debug!(%topic, %rejection, "{what}: Redis refused this topic's call for lack of permission (the Redis user's ACL); skipping it");
+                Ok(None)
+            }
+            (false, StoreError::Rejected(rejection)) => {
                 tracing::error!(%topic, %rejection, "{what}: Redis refused this topic's call; skipping it (run `redisched check {topic}`)");
                 Ok(None)
             }
-            other => Err(other),
+            (_, other) => Err(other),
         },
     }
 }

@@ -30,6 +30,14 @@ macro_rules! scripts {
                     $($name: Script::new(include_str!(concat!("../../lua/", stringify!($name), ".lua"))),)*
                 }
             }
+
+            /// The name of the script whose SHA1 is `hash`, if it is one of these.
+            pub(crate) fn name_of(&self, hash: &[u8]) -> Option<&'static str> {
+                $(if self.$name.get_hash().as_bytes() == hash {
+                    return Some(stringify!($name));
+                })*
+                None
+            }
         }
     };
 }

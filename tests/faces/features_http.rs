@@ -431,26 +431,40 @@ async fn recurring_puts_over_rest() {
     assert_eq!(job["cron"], "0 0 * * *");
     assert!(job.get("every_ms").is_none(), "{job}");
 
-    for (query, reason) in [
-        ("every=10", "below the minimum of 1000 ms"),
-        ("every=soon", "every: interval \"soon\""),
-        ("every=0", "positive"),
-        ("cron=0%209%20*%20*", "expected 5"),
-        ("cron=0%2099%20*%20*%20*", "cron: cron expression"),
-        ("cron=0%200%2030%202%20*", "never fires"),
+    // Outside the form the document states: 400; in that form but unusable: 422
+    // `invalid_schedule` (no schema can state a minimum interval or the zone list).
+    let bad = StatusCode::BAD_REQUEST;
+    let unusable = StatusCode::UNPROCESSABLE_ENTITY;
+    for (query, want, reason) in [
+        ("every=10", unusable, "below the minimum of 1000 ms"),
+        ("every=soon", bad, "every: interval \"soon\""),
+        ("every=15%20m", bad, "neither milliseconds nor a duration"),
+        ("every=0", unusable, "positive"),
+        ("cron=0%209%20*%20*", bad, "expected 5"),
+        ("cron=0%2099%20*%20*%20*", unusable, "cron: cron expression"),
+        ("cron=0%200%2030%202%20*", unusable, "never fires"),
         (
             "cron=0%209%20*%20*%20*&tz=Mars/Olympus",
+            unusable,
             "unknown time zone",
         ),
-        ("every=1m&cron=*%20*%20*%20*%20*", "not both"),
-        ("tz=UTC", "only meaningful with cron"),
-        ("every=", "every must not be empty"),
-        ("every=1m&tz=UTC", "only meaningful with cron"),
+        (
+            "cron=0%209%20*%20*%20*&tz=Europe%20Berlin",
+            bad,
+            "not an IANA time zone name",
+        ),
+        ("every=1m&cron=*%20*%20*%20*%20*", bad, "not both"),
+        ("tz=UTC", bad, "only meaningful with cron"),
+        ("every=", bad, "every must not be empty"),
+        ("every=1m&tz=UTC", bad, "only meaningful with cron"),
     ] {
         let (status, body) = s.put(&format!("/v1/topics/r/jobs/bad?{query}"), "").await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
+        assert_eq!(status, want, "{query}: {body}");
         let error = body["error"].as_str().unwrap();
         assert!(error.contains(reason), "{query}: {error}");
+        if want == unusable {
+            assert_eq!(body["code"], "invalid_schedule", "{query}: {body}");
+        }
     }
     assert_eq!(
         s.get("/v1/topics/r/jobs/bad").await.0,

@@ -2,7 +2,10 @@
 //! `maxmemory-policy` stops it at start (or, when allowed, is warned about and shown);
 //! `check` reports it; an ACL without `INFO`/`CONFIG` leaves it "unknown", said once;
 //! a full Redis makes `/readyz` answer 503 `"redis":"oom"` (the metric agrees) until
-//! memory is raised, and the commands that waited meanwhile are all applied.
+//! memory is raised, and the commands that waited meanwhile are all applied; at the OOM
+//! boundary readiness stays `oom` until `INFO memory` shows room (or, without `INFO`,
+//! until a write as large as the refused one is taken); a user whose ACL lacks a command
+//! the scripts need makes it answer 503 `"redis":"refused: NOPERM: …"` until it is fixed.
 
 use crate::common;
 
@@ -476,5 +479,353 @@ async fn on_a_cluster_every_primary_is_checked() {
         "{log}"
     );
     let broker = Broker::new(&config).await;
+    broker.cleanup().await;
+}
+
+/// `SET`s 100 KB values on `redis` (as its default user) until Redis refuses one for
+/// memory: the keys written. (While Redis decides, a value's own query buffer counts, so
+/// smaller writes may still fit: see [`put_until_refused`].)
+fn fill(redis: &PrivateRedis) -> Vec<String> {
+    let mut conn = redis.connection();
+    let filler = vec![b'x'; 100_000];
+    let mut keys = Vec::new();
+    for i in 0..1_000 {
+        let key = format!("filler:{i}");
+        let set: redis::RedisResult<()> = redis::cmd("SET").arg(&key).arg(&filler).query(&mut conn);
+        match set {
+            Ok(()) => keys.push(key),
+            Err(err) => {
+                assert_eq!(err.code(), Some("OOM"), "{err}");
+                return keys;
+            }
+        }
+    }
+    panic!("Redis never ran out of memory");
+}
+
+/// `PUT`s 20 KB jobs through the bridge (ids `big-0000`, `big-0001`…) until Redis
+/// refuses one for memory (503), as producers do until progress stalls.
+async fn put_until_refused(config: &Config) {
+    for n in 0..1_000 {
+        match put_sized(config, &format!("big-{n:04}"), 20_000).await {
+            201 => continue,
+            503 => return,
+            other => panic!("PUT answered {other}"),
+        }
+    }
+    panic!("Redis never refused a put");
+}
+
+fn used_memory(redis: &PrivateRedis) -> u64 {
+    redis
+        .info_field("memory", "used_memory")
+        .and_then(|v| v.parse().ok())
+        .expect("used_memory")
+}
+
+/// `PUT`s a job of `body_bytes` due in an hour: the status.
+async fn put_sized(config: &Config, id: &str, body_bytes: usize) -> u16 {
+    reqwest::Client::new()
+        .put(format!(
+            "http://{}/v1/topics/oom-edge/jobs/{id}?delay_ms=3600000",
+            config.http.listen
+        ))
+        .body(vec![b'b'; body_bytes])
+        .send()
+        .await
+        .expect("PUT")
+        .status()
+        .as_u16()
+}
+
+/// `/readyz` answers 503 `"redis":"oom"` on every look for `during`; the last body.
+async fn stays_oom(config: &Config, bridge: &Bridge, during: Duration) -> Value {
+    let deadline = Instant::now() + during;
+    loop {
+        let (status, body) = readyz(config).await;
+        assert!(
+            status == 503 && body["redis"] == "oom",
+            "readiness left oom at the boundary: {status} {body}\nbridge log:\n{}",
+            bridge.log()
+        );
+        let text = metrics(config).await;
+        assert_eq!(
+            sample(&text, "redisched_redis_oom").as_deref(),
+            Some("1"),
+            "{text}"
+        );
+        if Instant::now() >= deadline {
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_oom_boundary_readiness_stays_oom_until_info_shows_room() {
+    const MAX: u64 = 20 * 1024 * 1024;
+    let redis = PrivateRedis::start();
+    config_set(&redis, "maxmemory", "20mb");
+    config_set(&redis, "maxmemory-policy", "noeviction");
+    let config = config_on("oom-edge", &redis);
+    let dir = TempDir::new("oom-edge");
+    let bridge = Bridge::start(&config, &[], &dir.path().join("bridge.log"));
+    wait_readyz(&config, &bridge, |status, _| status == 200).await;
+
+    let mut keys = fill(&redis);
+    put_until_refused(&config).await;
+
+    // The boundary: free a little at a time until Redis takes a 20 KB put again.
+    let mut accepted = false;
+    for n in 0..20 {
+        let key = keys.pop().expect("a filler key");
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query(&mut redis.connection())
+            .expect("DEL");
+        if put_sized(&config, &format!("edge-{n}"), 20_000).await == 201 {
+            accepted = true;
+            break;
+        }
+    }
+    assert!(accepted, "Redis never took a write again");
+    let used = used_memory(&redis);
+    assert!(
+        used * 100 > MAX * 90,
+        "not at the boundary: {used} of {MAX}"
+    );
+    // Writes go through, but a few more and Redis is full again: still not ready.
+    let body = stays_oom(&config, &bridge, 3 * SECOND).await;
+    assert!(
+        body["redis_health"]["oom_until"]
+            .as_str()
+            .is_some_and(|until| until.contains("INFO memory") && until.contains("90 %")),
+        "{body}"
+    );
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("ready again when INFO memory shows"),
+        "{body}"
+    );
+
+    // Real room (below 80 %): ready within a probe interval.
+    while used_memory(&redis) * 100 > MAX * 80 {
+        let key = keys.pop().expect("a filler key");
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query(&mut redis.connection())
+            .expect("DEL");
+    }
+    let deadline = Instant::now() + redisched::store::HEALTH_PROBE_INTERVAL;
+    loop {
+        let text = metrics(&config).await;
+        let (status, body) = readyz(&config).await;
+        if status == 200 && sample(&text, "redisched_redis_oom").as_deref() == Some("0") {
+            assert_eq!(body["redis"], "ok", "{body}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not ready within a probe interval after room: {status} {body}\n{}",
+            bridge.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let log = bridge.log();
+    assert!(
+        log.contains("Redis refuses writes: out of memory")
+            && log
+                .contains("Redis accepts writes again (INFO memory shows used_memory at most 90 %"),
+        "{log}"
+    );
+    drop(bridge);
+    Broker::new(&config).await.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_info_an_oom_lasts_until_a_write_as_large_as_the_refused_one_is_accepted() {
+    let redis = PrivateRedis::start();
+    config_set(&redis, "maxmemory", "20mb");
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("noinfo")
+        .arg(&["on", ">secret", "~*", "&*", "+@all", "-info", "-config"])
+        .query(&mut redis.connection())
+        .expect("ACL SETUSER");
+    let mut config = config_on("oom-noinfo", &redis);
+    config.redis.url = format!("redis://noinfo:secret@127.0.0.1:{}/0", redis.port);
+    let dir = TempDir::new("oom-noinfo");
+    let bridge = Bridge::start(&config, &[], &dir.path().join("bridge.log"));
+    wait_readyz(&config, &bridge, |status, _| status == 200).await;
+
+    let mut keys = fill(&redis);
+    put_until_refused(&config).await;
+    wait_readyz(&config, &bridge, |status, body| {
+        status == 503 && body["redis"] == "oom"
+    })
+    .await;
+
+    // Room for a small write: it is taken, but proves nothing about the refused one.
+    for _ in 0..3 {
+        let key = keys.pop().expect("a filler key");
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query(&mut redis.connection())
+            .expect("DEL");
+    }
+    assert_eq!(put_sized(&config, "small", 100).await, 201);
+    let body = stays_oom(&config, &bridge, 2 * SECOND).await;
+    let until = body["redis_health"]["oom_until"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        until.contains("a write of at least") && until.contains("INFO memory is not readable"),
+        "{body}"
+    );
+
+    // A write as large as the refused one (same id length, same body) is taken: ready.
+    assert_eq!(put_sized(&config, "big-9999", 20_000).await, 201);
+    let body = wait_readyz(&config, &bridge, |status, _| status == 200).await;
+    assert_eq!(body["redis"], "ok", "{body}");
+    assert!(
+        bridge
+            .log()
+            .contains("Redis accepts writes again (a write of at least"),
+        "{}",
+        bridge.log()
+    );
+    drop(bridge);
+    Broker::new(&config).await.cleanup().await;
+}
+
+/// README's least-privilege list before the rate limiter needed `+hmget +pexpire
+/// +persist`: `reserve.lua` runs `HMGET`, so every reserve is refused.
+const OLDER_ACL: &str = "-@all +ping +time +info +evalsha +script|load \
+    +sadd +smembers +sscan +zrange +subscribe \
+    +hget +hset +hsetnx +hdel +hexists +hlen +hscan +zadd +zrem +zscore +zrangebyscore \
+    +zcard +zcount +zscan +zrank +incr +incrby +publish +type +dump +del +set +get \
+    +lpush +ltrim +lrange +llen";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_a_command_the_scripts_need_is_not_ready_until_the_acl_is_fixed() {
+    let redis = PrivateRedis::start();
+    let mut config = config_on("acl-denied", &redis);
+    let mut args: Vec<String> = ["SETUSER", "bridge", "reset", "on", ">secret"]
+        .map(String::from)
+        .to_vec();
+    args.push(format!("~{}:*", config.redis.prefix));
+    args.push(format!("&{}:notify", config.redis.prefix));
+    args.extend(OLDER_ACL.split_whitespace().map(String::from));
+    let _: () = redis::cmd("ACL")
+        .arg(&args)
+        .query(&mut redis.connection())
+        .expect("ACL SETUSER");
+    config.redis.url = format!("redis://bridge:secret@127.0.0.1:{}/0", redis.port);
+    let broker = Broker::new(&config).await;
+    let mut ready = broker.consume_ready("#").await;
+    let dir = TempDir::new("acl-denied");
+    let bridge = Bridge::start(&config, &[], &dir.path().join("bridge.log"));
+    // Before anything is due, nothing is refused.
+    wait_readyz(&config, &bridge, |status, _| status == 200).await;
+
+    let put = reqwest::Client::new()
+        .put(format!(
+            "http://{}/v1/topics/acl.t/jobs/due-now",
+            config.http.listen
+        ))
+        .body("hello")
+        .send()
+        .await
+        .expect("PUT");
+    assert_eq!(put.status().as_u16(), 201);
+    let body = wait_readyz(&config, &bridge, |status, _| status == 503).await;
+    let redis_status = body["redis"].as_str().unwrap_or_default();
+    assert!(
+        redis_status.starts_with("refused: NOPERM: reserve.lua on topic \"acl.t\""),
+        "{body}"
+    );
+    assert!(
+        body["error"].as_str().unwrap_or_default().contains("ACL"),
+        "{body}"
+    );
+    // The gauge and the log agree, on every look while it lasts.
+    for _ in 0..4 {
+        let text = metrics(&config).await;
+        assert_eq!(
+            sample(&text, "redisched_redis_acl_denied").as_deref(),
+            Some("1"),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, "redisched_redis_up").as_deref(),
+            Some("1"),
+            "{text}"
+        );
+        let (status, body) = readyz(&config).await;
+        assert_eq!(status, 503, "{body}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let log = bridge.log();
+    // Once per refused call (reserve, and the rate limiter's check before it), while
+    // the bridge retries every tick.
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("Redis refuses a call for lack of permission"))
+        .collect();
+    assert_eq!(
+        said.iter()
+            .filter(|line| line.contains("call=reserve.lua on topic \"acl.t\""))
+            .count(),
+        1,
+        "said once:\n{log}"
+    );
+    assert!(said.iter().all(|line| line.contains("ERROR")), "{said:#?}");
+    assert!(
+        ready.next(Duration::from_millis(200)).await.is_none(),
+        "delivered while refused"
+    );
+
+    // Fixed: ready within a probe interval, and the job is delivered.
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "bridge", "+hmget", "+pexpire", "+persist"])
+        .query(&mut redis.connection())
+        .expect("ACL SETUSER");
+    // Scraped as Prometheus does: the scrape's own calls (the topic's stats and rate
+    // limit) run again too.
+    let deadline = Instant::now() + redisched::store::HEALTH_PROBE_INTERVAL;
+    loop {
+        metrics(&config).await;
+        let (status, body) = readyz(&config).await;
+        if status == 200 {
+            assert_eq!(body["redis"], "ok", "{body}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still not ready a probe interval after the fix: {body}\n{}",
+            bridge.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let text = metrics(&config).await;
+    assert_eq!(
+        sample(&text, "redisched_redis_acl_denied").as_deref(),
+        Some("0"),
+        "{text}"
+    );
+    let delivered = ready.next(20 * SECOND).await;
+    assert!(
+        delivered.is_some(),
+        "not delivered after the fix:\n{}",
+        bridge.log()
+    );
+    assert!(
+        bridge.log().contains("Redis runs this call again"),
+        "{}",
+        bridge.log()
+    );
+    drop(bridge);
     broker.cleanup().await;
 }
