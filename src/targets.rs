@@ -137,6 +137,18 @@ pub fn target_for<'a>(
     targets.iter().enumerate().find(|(_, t)| t.serves(topic))
 }
 
+/// The topics of `topics` that the target named `name` serves (it is their first match).
+pub fn served_by<'a>(
+    targets: &[TargetConfig],
+    name: &str,
+    topics: &'a [crate::job::Topic],
+) -> Vec<&'a crate::job::Topic> {
+    topics
+        .iter()
+        .filter(|topic| target_for(targets, topic.as_str()).is_some_and(|(_, t)| t.name == name))
+        .collect()
+}
+
 /// The SSRF guard for a job naming its own URL (AMQP `x-redisched-url`, REST and CLI
 /// `url`): its topic's target must allow it.
 pub fn check_job_url_for(targets: &[TargetConfig], topic: &str, url: &str) -> Result<(), String> {
