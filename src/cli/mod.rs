@@ -26,6 +26,7 @@ mod put;
 mod read;
 mod targets;
 
+pub use check::config_warnings;
 pub use error::{config_key, describe_config_error, CliError};
 pub use output::Output;
 
