@@ -13,14 +13,14 @@ pub fn rfc3339_ms(raw: &str) -> Result<i64, String> {
     let ms = match chrono::DateTime::parse_from_rfc3339(raw) {
         Ok(time) => time.timestamp_millis(),
         // No zone (and the space separator): what `--at` accepts, read as UTC.
-        Err(strict) => match humantime::parse_rfc3339_weak(raw) {
+        Err(_) => match humantime::parse_rfc3339_weak(raw) {
             Ok(time) => match time.duration_since(std::time::UNIX_EPOCH) {
                 Ok(since) => i64::try_from(since.as_millis()).unwrap_or(i64::MAX),
                 Err(_) => -1,
             },
             // The parser has no years before 1970 and calls them "out of range".
             Err(_) if raw.len() > 4 && raw.as_bytes()[4] == b'-' && &raw[..4] < "1970" => -1,
-            Err(_) => return Err(strict.to_string()),
+            Err(err) => return Err(err.to_string()),
         },
     };
     if ms < 0 {

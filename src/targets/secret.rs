@@ -94,17 +94,17 @@ impl From<&str> for SigningSecret {
     }
 }
 
-impl AsRef<str> for SigningSecret {
-    /// The `whsec_…` text, so [`secret_key`] takes an entry as it takes a string.
-    fn as_ref(&self) -> &str {
+/// An entry reads as its `whsec_…` text, so [`secret_key`] takes it as it takes a string.
+impl std::ops::Deref for SigningSecret {
+    type Target = str;
+    fn deref(&self) -> &str {
         self.secret()
     }
 }
 
 /// The HMAC key of a Standard Webhooks secret: the base64 after `whsec_`.
-pub fn secret_key(secret: impl AsRef<str>) -> Result<Vec<u8>, String> {
+pub fn secret_key(secret: &str) -> Result<Vec<u8>, String> {
     let b64 = secret
-        .as_ref()
         .strip_prefix("whsec_")
         .ok_or("a Standard Webhooks secret starts with `whsec_`")?;
     match base64::engine::general_purpose::STANDARD.decode(b64) {
@@ -203,8 +203,10 @@ pub(super) fn expiry_warnings(
             continue;
         };
         let key = format!("targets[{i}].signing_secrets[{j}]");
-        let left = Duration::from_secs(u64::try_from((until - now_ms).abs() / 1000).unwrap_or(0));
-        let left = humantime::format_duration(left);
+        // To the minute beyond an hour: the seconds of a week say nothing.
+        let secs = u64::try_from((until - now_ms).abs() / 1000).unwrap_or(0);
+        let secs = if secs >= 3600 { secs - secs % 60 } else { secs };
+        let left = humantime::format_duration(Duration::from_secs(secs));
         if until <= now_ms {
             warnings.push(format!(
                 "{key} of target {name} expired at {at} ({left} ago): it no longer signs; remove it once no consumer needs it"
@@ -291,10 +293,8 @@ mod tests {
             err.starts_with("config key `targets[0].signing_secrets[1].expires_at`: \"next spring\" is not an RFC 3339 time"),
             "{err}"
         );
-        let err = load(&format!(
-            "[{{ secret = \"nope\", expires_at = \"2027-01-01T00:00:00Z\" }}]"
-        ))
-        .unwrap_err();
+        let err =
+            load("[{ secret = \"nope\", expires_at = \"2027-01-01T00:00:00Z\" }]").unwrap_err();
         assert!(
             err.starts_with("config key `targets[0].signing_secrets[0].secret`: a Standard Webhooks secret starts with `whsec_`"),
             "{err}"
@@ -338,7 +338,7 @@ mod tests {
         );
         assert_eq!(
             target.signing_keys_at(at("2027-01-01T00:00:00Z")),
-            [b.clone()],
+            std::slice::from_ref(&b),
             "it expires at its time"
         );
         assert_eq!(target.signing_keys_at(at("2030-01-01T00:00:00Z")), [b]);
