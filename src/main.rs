@@ -75,6 +75,11 @@ async fn async_main(cli: Cli) -> u8 {
     match cli::execute(&cli).await {
         Ok(output) => {
             println!("{}", output.render(cli.json));
+            if let Command::CheckConfig { .. } = cli.command {
+                for warning in cli::config_warnings(cli.config.as_deref()) {
+                    eprintln!("warning: {warning}");
+                }
+            }
             exit::OK
         }
         Err(err) => {

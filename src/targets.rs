@@ -1,13 +1,18 @@
 //! Webhook targets: the `[[targets]]` config schema, which target a topic goes to
 //! (AMQP topic patterns, first match wins), and the checks `check-config` and ingest
 //! apply (a bad target names its key; a job's own URL must lie under an allowed prefix).
+//! Its signing secrets, which may expire: `secret.rs`.
 
 use std::collections::BTreeMap;
+use std::time::SystemTime;
 
-use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use crate::job::url as job_url;
+
+mod secret;
+
+pub use secret::{secret_key, SigningSecret, EXPIRY_WARNING};
 
 /// One `[[targets]]` entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -24,8 +29,9 @@ pub struct TargetConfig {
     pub max_in_flight: usize,
     /// `raw` (the job body verbatim) or `seed` (`{"topic","id","contents"}`).
     pub body: String,
-    /// Standard Webhooks secrets (`whsec_` + base64); every one listed signs.
-    pub signing_secrets: Vec<String>,
+    /// Standard Webhooks secrets (`whsec_` + base64), each a string or a table with an
+    /// `expires_at` (RFC 3339); every one listed signs until it expires.
+    pub signing_secrets: Vec<SigningSecret>,
     /// Static extra request headers.
     pub headers: BTreeMap<String, String>,
     /// If non-empty, a job may name its own URL when, normalised, it lies under one of
@@ -80,12 +86,18 @@ impl TargetConfig {
     /// keys), URL passwords.
     pub fn redact(&mut self) {
         for secret in &mut self.signing_secrets {
-            *secret = "***".into();
+            *secret = secret.redacted();
         }
         for value in self.headers.values_mut() {
             *value = "***".into();
         }
         self.url = crate::urls::redact_url(&self.url);
+    }
+
+    /// The HMAC keys that sign a request sent at `at`: those of the secrets that have
+    /// not expired by then, in the order listed (none: the request goes unsigned).
+    pub fn signing_keys_at(&self, at: SystemTime) -> Vec<Vec<u8>> {
+        secret::keys_at(&self.signing_secrets, at)
     }
 
     /// Whether any of this target's patterns matches `topic`.
@@ -135,6 +147,18 @@ pub fn target_for<'a>(
     topic: &str,
 ) -> Option<(usize, &'a TargetConfig)> {
     targets.iter().enumerate().find(|(_, t)| t.serves(topic))
+}
+
+/// The topics of `topics` that the target named `name` serves (it is their first match).
+pub fn served_by<'a>(
+    targets: &[TargetConfig],
+    name: &str,
+    topics: &'a [crate::job::Topic],
+) -> Vec<&'a crate::job::Topic> {
+    topics
+        .iter()
+        .filter(|topic| target_for(targets, topic.as_str()).is_some_and(|(_, t)| t.name == name))
+        .collect()
 }
 
 /// The SSRF guard for a job naming its own URL (AMQP `x-redisched-url`, REST and CLI
@@ -291,7 +315,9 @@ fn check_delivery(i: usize, t: &TargetConfig, ttr_ms: u64) -> Result<(), TargetE
         ));
     }
     for (j, secret) in t.signing_secrets.iter().enumerate() {
-        secret_key(secret).map_err(|m| bad(i, &format!("signing_secrets[{j}]"), m))?;
+        secret
+            .check()
+            .map_err(|(tail, m)| bad(i, &format!("signing_secrets[{j}]{tail}"), m))?;
     }
     for (name, value) in &t.headers {
         if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err()
@@ -333,15 +359,14 @@ fn check_http_url(raw: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The HMAC key of a Standard Webhooks secret: the base64 after `whsec_`.
-pub fn secret_key(secret: &str) -> Result<Vec<u8>, String> {
-    let b64 = secret
-        .strip_prefix("whsec_")
-        .ok_or("a Standard Webhooks secret starts with `whsec_`")?;
-    match base64::engine::general_purpose::STANDARD.decode(b64) {
-        Ok(key) if !key.is_empty() => Ok(key),
-        _ => Err("the part after `whsec_` must be non-empty base64".into()),
-    }
+/// What `check-config` warns of at `now`: signing secrets that have expired or expire
+/// within [`EXPIRY_WARNING`], each named by target and key.
+pub fn secret_warnings(targets: &[TargetConfig], now: SystemTime) -> Vec<String> {
+    targets
+        .iter()
+        .enumerate()
+        .flat_map(|(i, t)| secret::expiry_warnings(i, &t.name, &t.signing_secrets, now))
+        .collect()
 }
 
 #[cfg(test)]

@@ -17,6 +17,9 @@ use crate::store::{
 };
 use crate::targets::{target_for, TargetConfig};
 
+mod target_redrive;
+pub use target_redrive::{no_such_target, TargetRedriveView, TopicRedriven};
+
 /// First epoch ms that RFC 3339 (years 0000–9999) cannot show.
 const YEAR_10000_MS: i64 = 253_402_300_800_000;
 

@@ -12,6 +12,16 @@ use crate::store::{CheckReport, HealthView, Store};
 use super::output::Output;
 use super::CliError;
 
+/// What `check-config` warns of on stderr, its exit code unchanged: signing secrets that
+/// have expired or expire within [`crate::targets::EXPIRY_WARNING`], by target and key.
+/// Empty when the configuration does not load (the command then fails naming the key).
+pub fn config_warnings(file: Option<&Path>) -> Vec<String> {
+    Config::load(file).map_or_else(
+        |_| Vec::new(),
+        |config| crate::targets::secret_warnings(&config.targets, std::time::SystemTime::now()),
+    )
+}
+
 pub(super) fn check_config(file: Option<&Path>, as_json: bool) -> Result<Output, CliError> {
     let config = Config::load(file)?.redacted();
     let json = serde_json::to_value(&config).map_err(|e| CliError::Failed(e.to_string()))?;

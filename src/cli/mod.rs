@@ -26,13 +26,15 @@ mod put;
 mod read;
 mod targets;
 
+pub use check::config_warnings;
 pub use error::{config_key, describe_config_error, CliError};
 pub use output::Output;
 
 /// Exit codes of every command.
 pub mod exit {
     pub const OK: u8 = 0;
-    /// `get`, `delete` or `redrive` of a job that does not exist (or is not parked).
+    /// `get`, `delete` or `redrive` of a job that does not exist (or is not parked), or a
+    /// target name the configuration does not have.
     pub const NOT_FOUND: u8 = 1;
     /// Bad arguments or a bad configuration value.
     pub const USAGE: u8 = 2;
@@ -50,7 +52,8 @@ pub mod exit {
 const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0  ok
-  1  not found (get/delete of a job that does not exist, redrive of one not parked)
+  1  not found (get/delete of a job that does not exist, redrive of one not parked,
+     a target name the configuration does not have)
   2  usage or configuration error (the message names the bad key)
   3  Redis unreachable (or, with redis.wait_replicas, a write not replicated in time)
   4  refused by the store (e.g. body too large, delay too long)
@@ -162,8 +165,8 @@ pub enum Command {
     /// List the webhook targets of the configuration with their topics, URL and limits,
     /// and what Redis holds for them across every bridge: jobs scheduled, due, in flight,
     /// failing, parked (a running bridge's `GET /v1/targets` adds its own requests' last
-    /// status and failure counts)
-    Targets,
+    /// status and failure counts); `targets redrive <name>` re-drives a target's parked jobs
+    Targets(TargetsArgs),
     /// Verify the store's invariants (fsck) for one topic or all; --repair fixes them
     #[command(
         after_help = "Reports (and with --repair fixes) keys of the wrong type, unreadable \
@@ -183,6 +186,37 @@ pub enum Command {
         /// Output format (--json implies json)
         #[arg(long, value_enum, default_value_t = ConfigFormat::Toml)]
         format: ConfigFormat,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct TargetsArgs {
+    #[command(subcommand)]
+    pub action: Option<TargetsAction>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TargetsAction {
+    /// Make due now (attempts kept) the parked jobs of every topic the target serves whose
+    /// last failure lies in the window; prints how many, per topic
+    #[command(after_help = "Examples:\n  \
+        redisched targets redrive billing                     # every parked job of its topics\n  \
+        redisched targets redrive billing --since 2030-01-01T09:00:00Z --until 2030-01-01T10:30:00Z\n  \
+        redisched targets redrive billing --since 1893488400000\n\n\
+        A time is epoch milliseconds or RFC 3339 (Z, an offset, or no zone = UTC); both ends are \
+        included. --since defaults to the beginning, --until to now (a later --until is now). \
+        A topic is the target's when the target is the first whose patterns match it. The work \
+        goes in bounded steps, so Redis is never blocked long; running it again is safe (what \
+        was re-driven is no longer parked). Exit 1 if no target has that name.")]
+    Redrive {
+        /// The target's `name` in the configuration
+        name: String,
+        /// Only jobs whose last failure was at or after this time
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Only jobs whose last failure was at or before this time
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
     },
 }
 
@@ -310,7 +344,16 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
         Command::Stats { topic } => {
             read::stats(&connect(&config).await?, topic.as_ref(), &config.targets).await
         }
-        Command::Targets => targets::targets(&connect(&config).await?, &config.targets).await,
+        Command::Targets(TargetsArgs { action: None }) => {
+            targets::targets(&connect(&config).await?, &config.targets).await
+        }
+        Command::Targets(TargetsArgs {
+            action: Some(TargetsAction::Redrive { name, since, until }),
+        }) => {
+            let store = connect(&config).await?;
+            let window = (since.as_deref(), until.as_deref());
+            targets::redrive(&store, &config.targets, name, window).await
+        }
         Command::Pause { topic } => control::pause(&connect(&config).await?, topic, true).await,
         Command::Resume { topic } => control::pause(&connect(&config).await?, topic, false).await,
         Command::RateLimit { topic, rate, burst } => {

@@ -1,16 +1,16 @@
-//! `redisched targets`: the configured webhook targets and what Redis holds for them.
+//! `redisched targets`: the configured webhook targets and what Redis holds for them;
+//! `redisched targets redrive`: a target's parked jobs by the time of their last failure.
 
+use crate::job::window::FailureWindow;
 use crate::store::Store;
-use crate::view;
+use crate::targets::TargetConfig;
+use crate::view::{self, TargetRedriveView};
 
 use super::output::Output;
 use super::CliError;
 
 /// `redisched targets`: the configured targets (no Redis needed).
-pub(super) async fn targets(
-    store: &Store,
-    targets: &[crate::targets::TargetConfig],
-) -> Result<Output, CliError> {
+pub(super) async fn targets(store: &Store, targets: &[TargetConfig]) -> Result<Output, CliError> {
     let mut rows = Vec::new();
     if !targets.is_empty() {
         for topic in store.topics().await? {
@@ -54,5 +54,47 @@ pub(super) async fn targets(
     Ok(Output {
         json: view::to_json(&view),
         human: human.trim_end().to_owned(),
+    })
+}
+
+/// `redisched targets redrive <name> [--since T] [--until T]`: the parked jobs of every
+/// known topic the target serves whose last failure lies in the window, due now.
+pub(super) async fn redrive(
+    store: &Store,
+    targets: &[TargetConfig],
+    name: &str,
+    (since, until): (Option<&str>, Option<&str>),
+) -> Result<Output, CliError> {
+    if !targets.iter().any(|t| t.name == name) {
+        return Err(CliError::NotFound(view::no_such_target(name, targets)));
+    }
+    let now = store.server_time().await?;
+    let window = FailureWindow::parse(("--since", "--until"), since, until, now)
+        .map_err(|e| CliError::Usage(e.0))?;
+    let topics = store.topics().await?;
+    let served: Vec<_> = crate::targets::served_by(targets, name, &topics)
+        .into_iter()
+        .cloned()
+        .collect();
+    let moved = store.redrive_window_topics(&served, window).await?;
+    let view = TargetRedriveView::new(name, window, &moved);
+    let span = format!("{} .. {}", view.since_rfc3339, view.until_rfc3339);
+    let mut human = match (view.redriven, view.topics.len()) {
+        (_, 0) => format!("target {name} serves no known topic: nothing to re-drive"),
+        (0, n) => {
+            format!("no parked job of target {name} last failed in {span} ({n} topic(s) looked at)")
+        }
+        (total, _) => format!(
+            "re-drove {total} parked job(s) of target {name} that last failed in {span}: due now"
+        ),
+    };
+    if view.redriven > 0 {
+        for row in &view.topics {
+            human.push_str(&format!("\n  {}  {}", row.topic, row.redriven));
+        }
+    }
+    Ok(Output {
+        json: view::to_json(&view),
+        human,
     })
 }

@@ -6,7 +6,7 @@
 //! | open    | `/healthz`, `/readyz`, `/v1/openapi.json`, `/` (the dashboard page, which holds no data) | none needed |
 //! | metrics | `/metrics`                                            | open unless `http.metrics_token` is set; then it, `http.read_token` or `http.token` |
 //! | read    | every other `GET` (jobs, lists, topics, the live feed) | `http.read_token` or `http.token` |
-//! | write   | everything else (put, delete, rate limits, legacy `/schedule`, `/cancel`) | `http.token` only |
+//! | write   | everything else (put, delete, rate limits, pause, resume, redrive of a job, a topic or a target's window, legacy `/schedule`, `/cancel`) | `http.token` only |
 //!
 //! With no `http.token` configured, read and write are open (the listen address is then
 //! loopback, or `http.allow_public_without_token` was set on purpose). Job bodies carry what
@@ -156,6 +156,11 @@ mod tests {
         assert_eq!(required(&Method::PUT, "/v1/topics/t/jobs/x"), Access::Write);
         assert_eq!(required(&Method::POST, "/healthz"), Access::Write);
         assert_eq!(required(&Method::POST, "/schedule/t"), Access::Write);
+        assert_eq!(
+            required(&Method::POST, "/v1/targets/billing/redrive"),
+            Access::Write
+        );
+        assert_eq!(required(&Method::GET, "/v1/targets"), Access::Read);
     }
 
     #[test]

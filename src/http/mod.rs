@@ -69,6 +69,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/events", get(ops::events))
         .route("/v1/topics", get(api::topics))
         .route("/v1/targets", get(targets::targets))
+        .route("/v1/targets/{name}/redrive", post(targets::redrive))
         .route(
             "/v1/topics/{topic}/jobs",
             get(api::list_jobs).delete(cancel::delete_in_topic),

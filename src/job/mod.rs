@@ -8,7 +8,8 @@
 //! a series' schedule (`every`, `cron` + `tz`, jitter) and when occurrences fall;
 //! `spec.rs` the spec string a series is stored with; `expiry.rs` when a job has
 //! expired; `url.rs` the rule for a job's own URL (normalised prefix match, the
-//! address rule).
+//! address rule); `window.rs` past times as operators write them (epoch ms or RFC 3339)
+//! and the failure window of a re-drive by target.
 //!
 //! Topics become part of Redis key names (inside a Cluster hash tag) and AMQP routing
 //! keys, so they are restricted to a safe alphabet; ids are only ever hash fields and
@@ -20,6 +21,7 @@ pub mod meta;
 pub mod schedule;
 pub mod spec;
 pub mod url;
+pub mod window;
 
 use std::fmt;
 

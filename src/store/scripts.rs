@@ -57,6 +57,7 @@ scripts!(
     pause,
     resume,
     redrive,
+    redrive_window,
     history,
     due_histogram,
     rate_limit,

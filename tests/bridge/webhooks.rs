@@ -1254,14 +1254,89 @@ fn check_config_masks_target_secrets() {
     std::fs::write(
         &file,
         format!(
-            "[[targets]]\nname = \"a\"\ntopics = [\"x\"]\nurl = \"http://user:pw@h/\"\nsigning_secrets = [\"{SECRET_A}\"]\nheaders = {{ authorization = \"Bearer top-secret\" }}\n"
+            "[[targets]]\nname = \"a\"\ntopics = [\"x\"]\nurl = \"http://user:pw@h/\"\nsigning_secrets = [\"{SECRET_A}\", {{ secret = \"{SECRET_B}\", expires_at = \"2099-01-01T00:00:00Z\" }}]\nheaders = {{ authorization = \"Bearer top-secret\" }}\n"
         ),
     )
     .unwrap();
     let (code, out, err) = cli(&file, &config, &["check-config"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("[[targets]]"), "{out}");
-    for secret in [SECRET_A, "top-secret", ":pw@"] {
+    for secret in [SECRET_A, SECRET_B, "top-secret", ":pw@"] {
         assert!(!out.contains(secret), "{secret} printed:\n{out}");
     }
+    // A table secret keeps its expiry, masked like the others.
+    assert!(
+        out.contains("{ secret = \"***\", expires_at = \"2099-01-01T00:00:00Z\" }"),
+        "{out}"
+    );
+    let (code, out, err) = cli(&file, &config, &["check-config", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    for secret in [SECRET_A, SECRET_B, "top-secret", ":pw@"] {
+        assert!(!out.contains(secret), "{secret} printed:\n{out}");
+    }
+}
+
+#[test]
+fn check_config_warns_of_expired_and_expiring_signing_secrets() {
+    let _shared = common::timed::shared_blocking();
+    let dir = common::faults::TempDir::new("hooksecrets");
+    let config = test_config("hooksecrets");
+    let file = dir.path().join("t.toml");
+    let rfc3339 = |from_now: Duration, later: bool| {
+        let now = std::time::SystemTime::now();
+        let at = if later {
+            now + from_now
+        } else {
+            now - from_now
+        };
+        humantime::format_rfc3339_seconds(at).to_string()
+    };
+    let (expired, soon, later) = (
+        rfc3339(Duration::from_secs(3_600), false),
+        rfc3339(Duration::from_secs(2 * 86_400), true),
+        rfc3339(Duration::from_secs(30 * 86_400), true),
+    );
+    let write = |secrets: &str| {
+        std::fs::write(
+            &file,
+            format!(
+                "[[targets]]\nname = \"quiet\"\ntopics = [\"q\"]\nurl = \"http://h/\"\nsigning_secrets = [\"{SECRET_A}\"]\n\n[[targets]]\nname = \"billing\"\ntopics = [\"billing.#\"]\nurl = \"http://h/\"\nsigning_secrets = {secrets}\n"
+            ),
+        )
+        .unwrap();
+    };
+    write(&format!(
+        "[{{ secret = \"{SECRET_A}\", expires_at = \"{expired}\" }}, {{ secret = \"{SECRET_B}\", expires_at = \"{soon}\" }}, {{ secret = \"{SECRET_A}\", expires_at = \"{later}\" }}]"
+    ));
+    let (code, out, err) = cli(&file, &config, &["check-config"]);
+    assert_eq!(code, 0, "a warning leaves the exit code alone: {err}");
+    assert!(
+        out.contains("[[targets]]"),
+        "the configuration is printed: {out}"
+    );
+    let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("warning: ")).collect();
+    assert_eq!(warnings.len(), 2, "{err}");
+    assert!(
+        warnings[0].starts_with(&format!(
+            "warning: targets[1].signing_secrets[0] of target billing expired at {expired} (1h"
+        )) && warnings[0].contains(" ago): it no longer signs"),
+        "{err}"
+    );
+    assert!(
+        warnings[1].starts_with(&format!(
+            "warning: targets[1].signing_secrets[1] of target billing expires at {soon} (in 1day 23h"
+        )),
+        "{err}"
+    );
+    assert!(
+        !out.contains("warning"),
+        "warnings go to stderr only: {out}"
+    );
+    // Nothing expiring within a week: nothing said.
+    write(&format!(
+        "[\"{SECRET_B}\", {{ secret = \"{SECRET_A}\", expires_at = \"{later}\" }}]"
+    ));
+    let (code, _, err) = cli(&file, &config, &["check-config", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("warning: targets"), "{err}");
 }

@@ -19,3 +19,4 @@ mod metrics;
 mod openapi;
 mod pause;
 mod security;
+mod target_redrive;

@@ -14,7 +14,7 @@ use redisched::store::{RejectCode, StoreError};
 
 // ------------------------------------------------------------------ harness
 
-const SCRIPTS: [(&str, &str); 15] = [
+const SCRIPTS: [(&str, &str); 16] = [
     ("put", include_str!("../../lua/put.lua")),
     ("delete", include_str!("../../lua/delete.lua")),
     ("reserve", include_str!("../../lua/reserve.lua")),
@@ -29,6 +29,10 @@ const SCRIPTS: [(&str, &str); 15] = [
     ("pause", include_str!("../../lua/pause.lua")),
     ("resume", include_str!("../../lua/resume.lua")),
     ("redrive", include_str!("../../lua/redrive.lua")),
+    (
+        "redrive_window",
+        include_str!("../../lua/redrive_window.lua"),
+    ),
     ("history", include_str!("../../lua/history.lua")),
 ];
 
@@ -964,6 +968,168 @@ fn redrive_all_moves_parked_jobs_in_bounded_batches() {
     t.assert_sound();
 }
 
+/// A parked job written raw: a format-2 record whose last failure was at `error_at`, in
+/// `failing` at that time and in `scheduled` at the parking score.
+fn park_raw(t: &mut Topic, id: &str, error_at: i64) {
+    let err = "http 503";
+    let rec = format!(
+        "2|1000|3|7|3|{error_at}|0|{}|0|{err}body of {id}",
+        err.len()
+    );
+    let (jobs, scheduled, failing) = (t.key("jobs"), t.key("scheduled"), t.key("failing"));
+    let _: () = t.conn.hset(&jobs, id, &rec).unwrap();
+    let _: () = t.conn.zadd(&scheduled, id, PARKED).unwrap();
+    let _: () = t.conn.zadd(&failing, id, error_at).unwrap();
+}
+
+/// redrive_window.lua in steps of `count` until its cursor is ''; (moved, steps).
+fn redrive_window_all(t: &mut Topic, since: &str, until: &str, count: &str) -> (i64, usize) {
+    let (mut moved, mut steps, mut cursor) = (0, 0, String::new());
+    loop {
+        let reply = t.run("redrive_window", &[since, until, &cursor, count, "", ""]);
+        let reply = arr(&reply);
+        let scanned = int(&reply[1]);
+        assert!(
+            scanned <= count.parse::<i64>().unwrap(),
+            "a step is bounded: {reply:?}"
+        );
+        moved += int(&reply[0]);
+        steps += 1;
+        cursor = text(&reply[2]);
+        if cursor.is_empty() {
+            return (moved, steps);
+        }
+        assert!(steps < 1000, "the walk ends");
+    }
+}
+
+#[test]
+fn redrive_window_moves_the_parked_jobs_that_last_failed_in_the_window() {
+    let mut t = Topic::new("redrive.window");
+    for (id, at) in [
+        ("early", 1_000),
+        ("a", 5_000),
+        ("b", 6_000),
+        ("c", 7_000),
+        ("late", 9_000),
+    ] {
+        park_raw(&mut t, id, at);
+    }
+    // Failing in the window but waiting for its retry, not parked: passed over.
+    let rec = "2|4000|1|2|1|6500|0|4|0|nackbody";
+    let (jobs, scheduled, failing) = (t.key("jobs"), t.key("scheduled"), t.key("failing"));
+    let _: () = t.conn.hset(&jobs, "retrying", rec).unwrap();
+    let _: () = t.conn.zadd(&scheduled, "retrying", 4_000).unwrap();
+    let _: () = t.conn.zadd(&failing, "retrying", 6_500).unwrap();
+    t.assert_sound();
+
+    let channel = t.channel();
+    let mut sub = common::raw_redis();
+    let mut pubsub = sub.as_pubsub();
+    pubsub.subscribe(&channel).unwrap();
+    pubsub
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+
+    // Steps of 2 over [5000, 7000]: a, b, then retrying, c; the cursor ends it.
+    let reply = t.run("redrive_window", &["5000", "7000", "", "2", &channel]);
+    let reply = arr(&reply);
+    assert_eq!((int(&reply[0]), int(&reply[1])), (2, 2));
+    assert_eq!(text(&reply[2]), "6000:b");
+    let message = pubsub.get_message().unwrap();
+    let payload: String = message.get_payload().unwrap();
+    assert!(payload.ends_with("|redrive.window"), "{payload}");
+    let reply = t.run("redrive_window", &["5000", "7000", "6000:b", "2"]);
+    let reply = arr(&reply);
+    assert_eq!(
+        (int(&reply[0]), int(&reply[1])),
+        (1, 2),
+        "c moved, retrying passed over"
+    );
+    assert_eq!(text(&reply[2]), "7000:c");
+    let reply = t.run("redrive_window", &["5000", "7000", "7000:c", "2"]);
+    assert_eq!(
+        (
+            int(&arr(&reply)[0]),
+            int(&arr(&reply)[1]),
+            text(&arr(&reply)[2])
+        ),
+        (0, 0, String::new()),
+        "late lies beyond the window: done"
+    );
+
+    let now = t.now();
+    for id in ["a", "b", "c"] {
+        let got = t.get(id);
+        assert_eq!(text(&got["state"]), "scheduled", "{id}");
+        let due = int(&got["due_at"]);
+        assert!(due > 1000 && due <= now, "{id} due now: {due}");
+        assert_eq!(int(&got["attempts"]), 3, "attempts kept");
+        assert_eq!(int(&got["failures"]), 3, "failures kept");
+        assert_eq!(text(&got["last_error"]), "http 503");
+        assert!(t.score("failing", id).is_some(), "{id} stays failing");
+    }
+    for id in ["early", "late"] {
+        assert_eq!(text(&t.get(id)["state"]), "parked", "{id}");
+    }
+    assert_eq!(t.score("scheduled", "retrying"), Some(4_000), "not moved");
+    let logged: Vec<(String, String)> = t.history(10, "").into_iter().map(|h| (h.0, h.1)).collect();
+    assert_eq!(
+        logged,
+        [("re-driven", "c"), ("re-driven", "b"), ("re-driven", "a")]
+            .map(|(o, id)| (o.to_string(), id.to_string()))
+    );
+    // Again over the same window (a client retry): nothing left to move.
+    assert_eq!(redrive_window_all(&mut t, "5000", "7000", "2").0, 0);
+    // The defaults: from 0 to the server's now takes the rest.
+    assert_eq!(redrive_window_all(&mut t, "0", "", "100").0, 2);
+    assert_eq!(t.stats()["parked"], 0);
+    t.assert_sound();
+}
+
+#[test]
+fn redrive_window_resumes_after_its_cursor_among_equal_times_when_entries_move() {
+    let mut t = Topic::new("redrive.ties");
+    // Twelve jobs parked in the same millisecond: ordered by id, as Redis orders ties.
+    let ids: Vec<String> = (0..12).map(|i| format!("tie-{i:02}")).collect();
+    for id in &ids {
+        park_raw(&mut t, id, 5_000);
+    }
+    park_raw(&mut t, "after", 5_001);
+    let reply = t.run("redrive_window", &["5000", "5001", "", "3"]);
+    let reply = arr(&reply);
+    assert_eq!(int(&reply[0]), 3);
+    assert_eq!(text(&reply[2]), "5000:tie-02");
+    // The cursor's own job is deleted, the next one fails again later (leaves the
+    // window), and one parked behind the cursor is re-driven by hand: the walk goes on
+    // right after tie-02 all the same, never again over tie-00..02.
+    assert_eq!(int(&t.run("delete", &["tie-02"])), 1);
+    let failing = t.key("failing");
+    let _: () = t.conn.zadd(&failing, "tie-03", 8_000).unwrap();
+    let reply = t.run("redrive_window", &["5000", "5001", "5000:tie-02", "3"]);
+    let reply = arr(&reply);
+    assert_eq!(int(&reply[0]), 3, "tie-04, tie-05, tie-06: {reply:?}");
+    assert_eq!(text(&reply[2]), "5000:tie-06");
+    // A cursor naming an id that never existed resumes by order too.
+    let reply = t.run("redrive_window", &["5000", "5001", "5000:tie-06x", "3"]);
+    assert_eq!(int(&arr(&reply)[0]), 3, "tie-07..09: {reply:?}");
+    let (rest, _) = redrive_window_all(&mut t, "5000", "5001", "3");
+    assert_eq!(
+        rest, 3,
+        "tie-10, tie-11 and after; the first ones are no longer parked"
+    );
+    let parked: Vec<String> = {
+        let scheduled = t.key("scheduled");
+        t.conn.zrangebyscore(scheduled, PARKED, "+inf").unwrap()
+    };
+    assert_eq!(
+        parked,
+        ["tie-03"],
+        "only the job that left the window is still parked"
+    );
+    t.assert_sound();
+}
+
 // ------------------------------------------------------------------- history
 
 #[test]
@@ -1110,6 +1276,18 @@ fn new_arguments_are_refused_with_invalid_argument_and_write_nothing() {
         ("redrive", all.clone(), vec!["", "0"]),
         ("redrive", all.clone(), vec!["", "1001"]),
         ("redrive", all.clone(), vec!["", "10", "", "x"]),
+        ("redrive_window", four.clone(), vec!["0"]),
+        ("redrive_window", all.clone(), vec![]),
+        ("redrive_window", all.clone(), vec!["-1"]),
+        ("redrive_window", all.clone(), vec!["soon"]),
+        ("redrive_window", all.clone(), vec!["0", "99999999999999999"]),
+        ("redrive_window", all.clone(), vec!["0", "later"]),
+        ("redrive_window", all.clone(), vec!["2000", "1000"]),
+        ("redrive_window", all.clone(), vec!["0", "", "7"]),
+        ("redrive_window", all.clone(), vec!["0", "", "x:id"]),
+        ("redrive_window", all.clone(), vec!["0", "", "", "0"]),
+        ("redrive_window", all.clone(), vec!["0", "", "", "1001"]),
+        ("redrive_window", all.clone(), vec!["0", "", "", "10", "", "x"]),
         ("history", four.clone(), vec!["10"]),
         ("history", all.clone(), vec!["0"]),
         ("history", all.clone(), vec!["1001"]),

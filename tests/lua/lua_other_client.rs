@@ -223,3 +223,83 @@ async fn evalsha_after_script_load_works_from_any_client() {
     );
     assert_eq!(store.pull(&topic, 10).await.unwrap().jobs[0].body, b"body");
 }
+
+/// Puts `id` due now, reserves it and records a failure with `max_attempts` 1: parked,
+/// its last failure at the server's now.
+async fn park(store: &redisched::store::Store, topic: &Topic, id: &str) {
+    store
+        .put(PutRequest {
+            topic: topic.clone(),
+            id: JobId::new(id).unwrap(),
+            body: b"x".to_vec(),
+            meta: Vec::new(),
+            due: Due::NOW,
+            mode: PutMode::Keep,
+        })
+        .await
+        .unwrap();
+    let batch = store
+        .reserve(topic, Duration::from_secs(30), 10)
+        .await
+        .unwrap();
+    assert_eq!(batch.jobs.len(), 1, "only {id} is due");
+    let lease = Lease {
+        topic: topic.clone(),
+        id: id.to_string(),
+        token: batch.jobs[0].token,
+    };
+    let parked = store
+        .retry_failed(&lease, Duration::ZERO, "http 500", 1)
+        .await
+        .unwrap();
+    assert_eq!(parked, redisched::store::RetryOutcome::Parked);
+}
+
+#[tokio::test]
+async fn redis_cli_redrives_a_failure_window_of_jobs_the_rust_store_parked() {
+    let store = common::test_store().await;
+    let topic = Topic::new("polyglot.window").unwrap();
+    park(&store, &topic, "before").await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let since = store.server_time().await.unwrap();
+    park(&store, &topic, "inside").await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let until = store.server_time().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    park(&store, &topic, "after").await;
+
+    // All eight keys, as lua/README.md lists them, from redis-cli.
+    let keys = common::topic_keys(&store.prefix, topic.as_str(), common::FULL_KEY_NAMES);
+    let path = lua("redrive_window");
+    let (since, until) = (since.to_string(), until.to_string());
+    let mut argv: Vec<&str> = vec!["--eval", &path];
+    argv.extend(keys.iter().map(String::as_str));
+    argv.extend([",", &since, &until, "", "100"]);
+    assert_eq!(redis_cli(&argv), ["1", "1", ""], "moved, scanned, cursor");
+
+    let state = |id: &'static str| {
+        let store = store.store.clone();
+        let topic = topic.clone();
+        async move {
+            let id = JobId::new(id).unwrap();
+            store.get(&topic, &id).await.unwrap().unwrap().state
+        }
+    };
+    assert_eq!(state("inside").await, JobState::Scheduled);
+    assert_eq!(state("before").await, JobState::Parked);
+    assert_eq!(state("after").await, JobState::Parked);
+    // Rust's walk over everything takes the other two; the history has all three.
+    let window = redisched::job::window::FailureWindow {
+        since: 0,
+        until: store.server_time().await.unwrap(),
+    };
+    assert_eq!(store.redrive_window(&topic, window).await.unwrap(), 2);
+    let redriven = store
+        .history(&topic, None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|h| h.outcome == redisched::store::Outcome::Redriven)
+        .count();
+    assert_eq!(redriven, 3);
+}

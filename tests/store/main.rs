@@ -11,6 +11,7 @@ mod common;
 mod check;
 mod cluster;
 mod redis_health;
+mod redrive_window;
 mod replication;
 mod store_model;
 mod store_smoke;

@@ -15,8 +15,8 @@
 //! - `get.rs`, `stats.rs`, `list.rs`, `history.rs`, `due_histogram.rs`: the reads;
 //!   `topics.rs`: the topics set and each topic's next due time; `server.rs`: the
 //!   server's clock and `PING`;
-//! - `pause.rs`, `redrive.rs`, `rate_limit.rs`, `delete_prefix.rs`, `check.rs`: the
-//!   operator's tools.
+//! - `pause.rs`, `redrive.rs`, `redrive_window.rs` (by last-failure time, with a
+//!   cursor), `rate_limit.rs`, `delete_prefix.rs`, `check.rs`: the operator's tools.
 
 mod apply;
 mod check;
@@ -31,6 +31,7 @@ mod pause;
 mod put;
 mod rate_limit;
 mod redrive;
+mod redrive_window;
 mod release;
 mod requeue;
 mod reserve;
@@ -50,6 +51,7 @@ pub use list::{JobSummary, ListWhich};
 pub use put::{PutOutcome, PutRequest, PutStatus};
 pub use rate_limit::{RateSource, RateState};
 pub use redrive::Redriven;
+pub use redrive_window::WindowStep;
 pub use release::{Delivered, Expired, NextDue, Noted};
 pub use requeue::Requeued;
 pub use reserve::{Batch, ReservedJob};
