@@ -9,7 +9,7 @@ use crate::urls::amqp_urls;
 
 use super::{
     Config, ConfigError, MAX_COMMAND_PARTITIONS, MAX_DISPATCH_CHANNELS, MAX_HTTP_CONNECTIONS,
-    MAX_WAIT_REPLICAS,
+    MAX_TELEMETRY_QUEUE, MAX_WAIT_REPLICAS,
 };
 
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
@@ -21,7 +21,8 @@ fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
 
 impl Config {
     /// Checks every key; the first bad one is named in the error, in the schema's order
-    /// (Redis, AMQP, limits, ingest and dispatch, HTTP, log, policies, TLS, targets).
+    /// (Redis, AMQP, limits, ingest and dispatch, HTTP, log, telemetry, policies, TLS,
+    /// targets).
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_redis()?;
         self.validate_amqp()?;
@@ -32,6 +33,7 @@ impl Config {
         }
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|e| invalid("log.level", e.to_string()))?;
+        self.validate_telemetry()?;
         self.compiled_policies()?;
         self.validate_tls()?;
         crate::targets::validate(&self.targets, self.dispatch.ttr_ms).map_err(|e| {
@@ -225,6 +227,38 @@ impl Config {
                 "http.max_connections",
                 format!("must be 1..={MAX_HTTP_CONNECTIONS}"),
             ));
+        }
+        Ok(())
+    }
+
+    fn validate_telemetry(&self) -> Result<(), ConfigError> {
+        let t = &self.telemetry;
+        if !t.otlp_endpoint.is_empty() {
+            crate::urls::otlp_endpoint_problem(&t.otlp_endpoint)
+                .map_or(Ok(()), |e| Err(invalid("telemetry.otlp_endpoint", e)))?;
+        }
+        if !(0.0..=1.0).contains(&t.sampling_ratio) {
+            return Err(invalid(
+                "telemetry.sampling_ratio",
+                "must be from 0 to 1 (the share of new traces recorded)",
+            ));
+        }
+        if t.service_name.trim().is_empty() {
+            return Err(invalid("telemetry.service_name", "must not be empty"));
+        }
+        if !(1..=MAX_TELEMETRY_QUEUE).contains(&t.max_queue_size) {
+            return Err(invalid(
+                "telemetry.max_queue_size",
+                format!("must be 1..={MAX_TELEMETRY_QUEUE}"),
+            ));
+        }
+        for (key, value) in [
+            ("telemetry.batch_delay_ms", t.batch_delay_ms),
+            ("telemetry.export_timeout_ms", t.export_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be > 0"));
+            }
         }
         Ok(())
     }
@@ -630,5 +664,87 @@ mod tests {
         config.amqp.url = "amqps://guest:guest@127.0.0.1:5671/%2f".into();
         config.validate().expect("amqps:// with a CA file");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's signature, not ours
+    fn telemetry_is_off_by_default_set_by_its_variables_and_checked_by_key() {
+        assert_eq!(Config::default().telemetry.otlp_endpoint, "");
+        figment::Jail::expect_with(|jail| {
+            jail.set_env(
+                "REDISCHED_TELEMETRY__OTLP_ENDPOINT",
+                "http://collector:4318",
+            );
+            jail.set_env("REDISCHED_TELEMETRY__SAMPLING_RATIO", "0.25");
+            jail.set_env("REDISCHED_TELEMETRY__MAX_QUEUE_SIZE", "100");
+            let config = Config::load(None).expect("valid");
+            assert_eq!(config.telemetry.otlp_endpoint, "http://collector:4318");
+            assert_eq!(config.telemetry.sampling_ratio, 0.25);
+            assert_eq!(config.telemetry.max_queue_size, 100);
+            assert_eq!(config.telemetry.service_name, "redisched");
+            for (name, value, key) in [
+                (
+                    "REDISCHED_TELEMETRY__SAMPLING_RATIO",
+                    "1.5",
+                    "telemetry.sampling_ratio",
+                ),
+                (
+                    "REDISCHED_TELEMETRY__SAMPLING_RATIO",
+                    "-0.1",
+                    "telemetry.sampling_ratio",
+                ),
+                (
+                    "REDISCHED_TELEMETRY__OTLP_ENDPOINT",
+                    "collector:4318",
+                    "telemetry.otlp_endpoint",
+                ),
+                (
+                    "REDISCHED_TELEMETRY__OTLP_ENDPOINT",
+                    "grpc://c:4317",
+                    "telemetry.otlp_endpoint",
+                ),
+                (
+                    "REDISCHED_TELEMETRY__MAX_QUEUE_SIZE",
+                    "0",
+                    "telemetry.max_queue_size",
+                ),
+                (
+                    "REDISCHED_TELEMETRY__SERVICE_NAME",
+                    " ",
+                    "telemetry.service_name",
+                ),
+                (
+                    "REDISCHED_TELEMETRY__BATCH_DELAY_MS",
+                    "0",
+                    "telemetry.batch_delay_ms",
+                ),
+                (
+                    "REDISCHED_TELEMETRY__EXPORT_TIMEOUT_MS",
+                    "0",
+                    "telemetry.export_timeout_ms",
+                ),
+            ] {
+                jail.set_env(
+                    "REDISCHED_TELEMETRY__OTLP_ENDPOINT",
+                    "http://collector:4318",
+                );
+                jail.set_env("REDISCHED_TELEMETRY__SAMPLING_RATIO", "1");
+                jail.set_env("REDISCHED_TELEMETRY__MAX_QUEUE_SIZE", "100");
+                jail.set_env(name, value);
+                let err = Config::load(None).expect_err(value);
+                assert!(err.to_string().contains(key), "{name}={value}: {err}");
+                jail.set_env(name, "");
+                jail.set_env("REDISCHED_TELEMETRY__SERVICE_NAME", "redisched");
+                jail.set_env("REDISCHED_TELEMETRY__BATCH_DELAY_MS", "5000");
+                jail.set_env("REDISCHED_TELEMETRY__EXPORT_TIMEOUT_MS", "10000");
+            }
+            jail.set_env(
+                "REDISCHED_TELEMETRY__OTLP_ENDPOINT",
+                "https://u:secret@otlp.example",
+            );
+            let config = Config::load(None).expect("https");
+            assert!(!config.redacted().telemetry.otlp_endpoint.contains("secret"));
+            Ok(())
+        });
     }
 }

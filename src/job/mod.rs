@@ -8,7 +8,8 @@
 //! a series' schedule (`every`, `cron` + `tz`, jitter) and when occurrences fall;
 //! `spec.rs` the spec string a series is stored with; `expiry.rs` when a job has
 //! expired; `url.rs` the rule for a job's own URL (normalised prefix match, the
-//! address rule).
+//! address rule); `trace.rs` the W3C trace context a job carries (`traceparent`,
+//! `tracestate`).
 //!
 //! Topics become part of Redis key names (inside a Cluster hash tag) and AMQP routing
 //! keys, so they are restricted to a safe alphabet; ids are only ever hash fields and
@@ -19,6 +20,7 @@ pub mod headers;
 pub mod meta;
 pub mod schedule;
 pub mod spec;
+pub mod trace;
 pub mod url;
 
 use std::fmt;
