@@ -5,7 +5,7 @@
 #                         read by a decoder we did not write
 #   opentelemetry-sdk     the tracer of the instrumented producer and consumer
 #   opentelemetry-instrumentation-pika
-#                         instruments pika on both sides (tests/bridge/tracing.rs): the
+#                         instruments pika on both sides (tests/bridge/trace_context.rs): the
 #                         producer injects traceparent, the consumer's span continues it
 # Idempotent; scripts/test.sh runs it before `cargo test`.
 set -euo pipefail
