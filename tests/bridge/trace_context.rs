@@ -191,6 +191,65 @@ async fn pika_consumers_continue_the_producers_trace_across_the_delay() {
     broker.cleanup().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rest_series_keeps_the_context_of_the_put_that_created_or_last_replaced_it() {
+    let _shared = common::timed::shared().await;
+    let mut config = test_config("seriestrace");
+    let base = with_api(&mut config);
+    let broker = Broker::new(&config).await;
+    let mut ready = broker.consume_ready("#").await;
+    let bridge = InProcess::start(&config);
+    wait_for_api(&base).await;
+    let http = reqwest::Client::new();
+    let put = |parent: String, mode: &'static str| {
+        http.put(format!("{base}/v1/topics/s/jobs/series-1"))
+            .query(&[("every", "1000"), ("mode", mode)])
+            .header("traceparent", parent)
+            .body("tick")
+            .send()
+    };
+    let first = traceparent(REST_TRACE, REST_PARENT);
+    let second = traceparent("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
+    assert_eq!(put(first.clone(), "put").await.unwrap().status(), 201);
+    let (_, occurrence) = ready.next(10 * SECOND).await.expect("an occurrence");
+    assert_eq!(header_text(&occurrence, "traceparent"), Some(first.clone()));
+    let (_, occurrence) = ready.next(10 * SECOND).await.expect("a later occurrence");
+    assert_eq!(
+        header_text(&occurrence, "traceparent"),
+        Some(first.clone()),
+        "every occurrence carries the creating put's context"
+    );
+
+    assert_eq!(put(second.clone(), "replace").await.unwrap().status(), 200);
+    // An occurrence already taken may still carry the first; from then on, the second.
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + 10 * SECOND;
+    while seen.iter().filter(|p: &&String| **p == second).count() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "occurrences after the replace: {seen:?}"
+        );
+        if let Some((_, occurrence)) = ready.next(5 * SECOND).await {
+            seen.push(header_text(&occurrence, "traceparent").unwrap_or_default());
+        }
+    }
+    let from = seen.iter().position(|p| *p == second).unwrap();
+    assert!(seen[from..].iter().all(|p| *p == second), "{seen:?}");
+    assert!(
+        from <= 1,
+        "at most the occurrence in flight keeps the old one: {seen:?}"
+    );
+
+    let deleted = http
+        .delete(format!("{base}/v1/topics/s/jobs/series-1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 200);
+    bridge.stop().await;
+    broker.cleanup().await;
+}
+
 /// A bridge exporting to `receiver`, its API up; the API's base URL.
 async fn exporting_bridge(
     label: &str,
