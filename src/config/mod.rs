@@ -407,7 +407,9 @@ impl Config {
         let mut copy = self.clone();
         copy.redis.url = redact_url(&copy.redis.url);
         copy.amqp.url = redact_url(&copy.amqp.url);
-        copy.telemetry.otlp_endpoint = redact_url(&copy.telemetry.otlp_endpoint);
+        if !copy.telemetry.otlp_endpoint.is_empty() {
+            copy.telemetry.otlp_endpoint = redact_url(&copy.telemetry.otlp_endpoint);
+        }
         for target in &mut copy.targets {
             target.redact();
         }

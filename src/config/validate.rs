@@ -670,6 +670,11 @@ mod tests {
     #[allow(clippy::result_large_err)] // figment::Jail's signature, not ours
     fn telemetry_is_off_by_default_set_by_its_variables_and_checked_by_key() {
         assert_eq!(Config::default().telemetry.otlp_endpoint, "");
+        assert_eq!(
+            Config::default().redacted().telemetry.otlp_endpoint,
+            "",
+            "off stays visibly off in a printed configuration"
+        );
         figment::Jail::expect_with(|jail| {
             jail.set_env(
                 "REDISCHED_TELEMETRY__OTLP_ENDPOINT",
