@@ -105,22 +105,28 @@ async fn run(cli: &Cli) -> u8 {
             return exit::USAGE;
         }
     };
-    if let Err(err) = redisched::telemetry::init(&config.log) {
-        eprintln!("error: {err}");
-        return exit::USAGE;
-    }
+    let telemetry = match redisched::telemetry::init(&config.log, &config.telemetry) {
+        Ok(telemetry) => telemetry,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return exit::USAGE;
+        }
+    };
     if let Some(warning) = foreign_env_warning() {
         tracing::warn!("{warning}");
     }
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    match bridge(config, shutdown).await {
+    let code = match bridge(config, shutdown).await {
         Ok(()) => exit::OK,
         Err(err) => {
             tracing::error!(error = %err, "redisched stopped with an error");
             exit::FAILED
         }
-    }
+    };
+    // The spans of the last jobs are sent before the process ends.
+    telemetry.shutdown().await;
+    code
 }
 
 /// One line naming the `REDISCHED_*` variables the loader skipped (Kubernetes service

@@ -1,5 +1,6 @@
-//! URLs of the links (Redis, brokers): the comma-separated list `amqp.url` may hold, and
-//! redaction for logs and printed configuration. Shared by config, the store, the AMQP
+//! URLs of the links (Redis, brokers, the OTLP receiver): the comma-separated list
+//! `amqp.url` may hold, the OTLP endpoint's check, and redaction for logs and printed
+//! configuration. Shared by config, the store, the AMQP
 //! connector and the faces, so it belongs to none of them.
 
 /// The broker URLs of `amqp.url`: one, or several separated by commas (tried in turn by
@@ -29,6 +30,21 @@ pub fn redact_url(raw: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// Why an OTLP/HTTP endpoint (`telemetry.otlp_endpoint`, `OTEL_EXPORTER_OTLP_ENDPOINT`)
+/// cannot be used, if it cannot: an `http://` or `https://` URL with a host (https needs
+/// the `tls` feature).
+pub fn otlp_endpoint_problem(raw: &str) -> Option<String> {
+    match url::Url::parse(raw.trim()) {
+        Ok(url) if url.has_host() && url.scheme() == "http" => None,
+        Ok(url) if url.has_host() && url.scheme() == "https" => (!cfg!(feature = "tls"))
+            .then(|| "https:// needs a build with the `tls` feature".to_string()),
+        _ => Some(format!(
+            "expected an http:// or https:// URL of an OTLP/HTTP receiver (http://collector:4318), got {:?}",
+            redact_url(raw)
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ pub struct Config {
     pub history: HistoryConfig,
     pub http: HttpConfig,
     pub log: LogConfig,
+    pub telemetry: TelemetryConfig,
     /// Per-topic delivery policies, first match wins (`[[policies]]` in the file only:
     /// an array has no `REDISCHED_*` form).
     pub policies: Vec<PolicyConfig>,
@@ -217,6 +218,45 @@ pub struct LogConfig {
     pub level: String,
 }
 
+/// `[telemetry]`: OpenTelemetry traces exported over OTLP/HTTP (protobuf). Off unless an
+/// endpoint is known: `otlp_endpoint`, else the standard `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`
+/// or `OTEL_EXPORTER_OTLP_ENDPOINT` (`OTEL_SDK_DISABLED=true` turns it off whatever they
+/// say). Off, no span is made and nothing is installed (src/telemetry/).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// Base URL of an OTLP/HTTP receiver (`http://collector:4318`; `/v1/traces` is
+    /// appended as for `OTEL_EXPORTER_OTLP_ENDPOINT`); empty = the standard variables, or off.
+    pub otlp_endpoint: String,
+    /// Share of new traces recorded, 0 to 1; a trace a producer started follows the
+    /// producer's decision (parent-based).
+    pub sampling_ratio: f64,
+    /// `service.name` of the exported spans.
+    pub service_name: String,
+    /// Finished spans waiting for export at most; more are dropped (never blocking a stage).
+    pub max_queue_size: usize,
+    /// How long a finished span waits for others before a batch is sent.
+    pub batch_delay_ms: u64,
+    /// One export request (and the flush at shutdown) gives up after this long.
+    pub export_timeout_ms: u64,
+}
+
+/// `telemetry.max_queue_size` above this holds too many spans in memory to be meant.
+pub const MAX_TELEMETRY_QUEUE: usize = 1 << 20;
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: String::new(),
+            sampling_ratio: 1.0,
+            service_name: "redisched".into(),
+            max_queue_size: 2_048,
+            batch_delay_ms: 5_000,
+            export_timeout_ms: 10_000,
+        }
+    }
+}
+
 impl Default for RedisConfig {
     fn default() -> Self {
         Self {
@@ -367,6 +407,9 @@ impl Config {
         let mut copy = self.clone();
         copy.redis.url = redact_url(&copy.redis.url);
         copy.amqp.url = redact_url(&copy.amqp.url);
+        if !copy.telemetry.otlp_endpoint.is_empty() {
+            copy.telemetry.otlp_endpoint = redact_url(&copy.telemetry.otlp_endpoint);
+        }
         for target in &mut copy.targets {
             target.redact();
         }

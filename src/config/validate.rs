@@ -9,7 +9,7 @@ use crate::urls::amqp_urls;
 
 use super::{
     Config, ConfigError, MAX_COMMAND_PARTITIONS, MAX_DISPATCH_CHANNELS, MAX_HTTP_CONNECTIONS,
-    MAX_WAIT_REPLICAS,
+    MAX_TELEMETRY_QUEUE, MAX_WAIT_REPLICAS,
 };
 
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
@@ -21,7 +21,8 @@ fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
 
 impl Config {
     /// Checks every key; the first bad one is named in the error, in the schema's order
-    /// (Redis, AMQP, limits, ingest and dispatch, HTTP, log, policies, TLS, targets).
+    /// (Redis, AMQP, limits, ingest and dispatch, HTTP, log, telemetry, policies, TLS,
+    /// targets).
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_redis()?;
         self.validate_amqp()?;
@@ -32,6 +33,7 @@ impl Config {
         }
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|e| invalid("log.level", e.to_string()))?;
+        self.validate_telemetry()?;
         self.compiled_policies()?;
         self.validate_tls()?;
         crate::targets::validate(&self.targets, self.dispatch.ttr_ms).map_err(|e| {
@@ -225,6 +227,38 @@ impl Config {
                 "http.max_connections",
                 format!("must be 1..={MAX_HTTP_CONNECTIONS}"),
             ));
+        }
+        Ok(())
+    }
+
+    fn validate_telemetry(&self) -> Result<(), ConfigError> {
+        let t = &self.telemetry;
+        if !t.otlp_endpoint.is_empty() {
+            crate::urls::otlp_endpoint_problem(&t.otlp_endpoint)
+                .map_or(Ok(()), |e| Err(invalid("telemetry.otlp_endpoint", e)))?;
+        }
+        if !(0.0..=1.0).contains(&t.sampling_ratio) {
+            return Err(invalid(
+                "telemetry.sampling_ratio",
+                "must be from 0 to 1 (the share of new traces recorded)",
+            ));
+        }
+        if t.service_name.trim().is_empty() {
+            return Err(invalid("telemetry.service_name", "must not be empty"));
+        }
+        if !(1..=MAX_TELEMETRY_QUEUE).contains(&t.max_queue_size) {
+            return Err(invalid(
+                "telemetry.max_queue_size",
+                format!("must be 1..={MAX_TELEMETRY_QUEUE}"),
+            ));
+        }
+        for (key, value) in [
+            ("telemetry.batch_delay_ms", t.batch_delay_ms),
+            ("telemetry.export_timeout_ms", t.export_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be > 0"));
+            }
         }
         Ok(())
     }
@@ -630,5 +664,65 @@ mod tests {
         config.amqp.url = "amqps://guest:guest@127.0.0.1:5671/%2f".into();
         config.validate().expect("amqps:// with a CA file");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's signature, not ours
+    fn telemetry_is_off_by_default_set_by_its_variables_and_checked_by_key() {
+        assert_eq!(Config::default().telemetry.otlp_endpoint, "");
+        // REDISCHED_TELEMETRY__<KEY>: a valid set, then one bad value at a time.
+        let valid = [
+            ("OTLP_ENDPOINT", "http://collector:4318"),
+            ("SAMPLING_RATIO", "0.25"),
+            ("SERVICE_NAME", "redisched"),
+            ("MAX_QUEUE_SIZE", "100"),
+            ("BATCH_DELAY_MS", "5000"),
+            ("EXPORT_TIMEOUT_MS", "10000"),
+        ];
+        let bad = [
+            ("SAMPLING_RATIO", "1.5"),
+            ("SAMPLING_RATIO", "-0.1"),
+            ("OTLP_ENDPOINT", "collector:4318"),
+            ("OTLP_ENDPOINT", "grpc://c:4317"),
+            ("MAX_QUEUE_SIZE", "0"),
+            ("SERVICE_NAME", " "),
+            ("BATCH_DELAY_MS", "0"),
+            ("EXPORT_TIMEOUT_MS", "0"),
+        ];
+        figment::Jail::expect_with(|jail| {
+            let set = |jail: &mut figment::Jail, key: &str, value: &str| {
+                jail.set_env(format!("REDISCHED_TELEMETRY__{key}"), value)
+            };
+            for (key, value) in valid {
+                set(jail, key, value);
+            }
+            let config = Config::load(None).expect("valid");
+            assert_eq!(config.telemetry.otlp_endpoint, "http://collector:4318");
+            assert_eq!(config.telemetry.sampling_ratio, 0.25);
+            assert_eq!(config.telemetry.max_queue_size, 100);
+            for (key, value) in bad {
+                set(jail, key, value);
+                let err = Config::load(None).expect_err(value);
+                let named = format!("telemetry.{}", key.to_lowercase());
+                assert!(err.to_string().contains(&named), "{key}={value}: {err}");
+                for (key, value) in valid {
+                    set(jail, key, value);
+                }
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_printed_configuration_masks_the_otlp_password_and_shows_off_as_off() {
+        let mut config = Config::default();
+        assert_eq!(config.redacted().telemetry.otlp_endpoint, "");
+        config.telemetry.otlp_endpoint = "https://u:secret@otlp.example".into();
+        config.validate().expect("https");
+        let shown = config.redacted().telemetry.otlp_endpoint;
+        assert!(
+            !shown.contains("secret") && shown.contains("otlp.example"),
+            "{shown}"
+        );
     }
 }

@@ -6,17 +6,19 @@
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
+use tracing::Instrument as _;
 
 use super::error::PathParams;
 use super::params::{list_which, parse_count, parse_id, parse_topic};
 use super::{ApiError, AppState};
 use crate::feed::Event;
+use crate::job::trace::TraceContext;
 use crate::job::{Due, DueError, JobId, PutMode, Topic};
 use crate::store::{PutOutcome, PutStatus};
 use crate::store::{PutRequest, MAX_BATCH};
@@ -120,11 +122,38 @@ pub(super) struct PutQuery {
 
 /// `PUT /v1/topics/{topic}/jobs/{id}?delay_ms=|at=&mode=replace`: the raw body is the job;
 /// `every=` or `cron=` (+ `tz=`, `jitter=`) make it recurring
-/// (`super::features::recurrence`).
+/// (`super::features::recurrence`). `traceparent`/`tracestate` headers are stored with it
+/// ([`trace_context`]).
 pub(super) async fn put_job(
     State(state): State<AppState>,
     PathParams((topic, id)): PathParams<(String, String)>,
     query: Result<Query<PutQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let trace = trace_context(&headers);
+    let span = crate::telemetry::http_command_span(
+        trace.as_ref(),
+        &crate::telemetry::HttpCommand {
+            method: "PUT",
+            route: "/v1/topics/{topic}/jobs/{id}",
+            topic: &topic,
+            id: &id,
+        },
+    );
+    let response = put_job_traced(state, topic, id, query, trace, body)
+        .instrument(span.clone())
+        .await;
+    crate::telemetry::record_http_status(&span, response.status().as_u16());
+    response
+}
+
+async fn put_job_traced(
+    state: AppState,
+    topic: String,
+    id: String,
+    query: Result<Query<PutQuery>, QueryRejection>,
+    trace: Option<TraceContext>,
     body: Body,
 ) -> Response {
     let parsed = query
@@ -166,7 +195,7 @@ pub(super) async fn put_job(
         }
         let jitter_ms = recurrence.as_ref().map_or(0, |r| r.jitter_ms);
         let meta = crate::job::expiry::meta_with_expiry(
-            crate::job::meta::of_put(url.as_deref(), jitter_ms),
+            crate::job::trace::meta_of_put(url.as_deref(), jitter_ms, trace.as_ref()),
             expires_after,
         );
         let body = read_body(body, state.store.limits().max_body_bytes).await?;
@@ -177,6 +206,21 @@ pub(super) async fn put_job(
     }
     .await;
     finish_put(&state, &topic, &id, mode, result)
+}
+
+/// The W3C trace context of a request (`traceparent`, `tracestate`), stored with the job
+/// it puts; an invalid one is ignored, as the recommendation asks (never refused).
+pub(super) fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
+    TraceContext::from_http(
+        headers
+            .get_all(crate::job::headers::TRACEPARENT)
+            .iter()
+            .map(|v| v.as_bytes()),
+        headers
+            .get_all(crate::job::headers::TRACESTATE)
+            .iter()
+            .map(|v| v.as_bytes()),
+    )
 }
 
 /// `DELETE /v1/topics/{topic}/jobs/{id}`: 404 when there is no such job.

@@ -7,8 +7,9 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::Value;
+use tracing::Instrument as _;
 
-use super::api::{delete, finish_delete, finish_put, put, read_body};
+use super::api::{delete, finish_delete, finish_put, put, read_body, trace_context};
 use super::error::PathParams;
 use super::params::{parse_id, parse_topic};
 use super::{ApiError, AppState};
@@ -69,6 +70,16 @@ pub(super) async fn schedule(
         return finish_put(&state, &topic, &id, PutMode::Keep, refused);
     }
     let id = id_text(&request.id);
+    let trace = trace_context(&headers);
+    let span = crate::telemetry::http_command_span(
+        trace.as_ref(),
+        &crate::telemetry::HttpCommand {
+            method: "POST",
+            route: "/schedule/{topic}",
+            topic: &topic,
+            id: id.as_deref().unwrap_or_default(),
+        },
+    );
     let mode = if request.replace {
         PutMode::Replace
     } else {
@@ -83,11 +94,16 @@ pub(super) async fn schedule(
             Value::String(text) => text.into_bytes(),
             other => other.to_string().into_bytes(),
         };
-        put(&state, topic, id, body, Vec::new(), due, mode).await
+        // The request's trace context (invalid: ignored) is stored with the job.
+        let meta = crate::job::trace::meta_of_put(None, 0, trace.as_ref());
+        put(&state, topic, id, body, meta, due, mode).await
     }
+    .instrument(span.clone())
     .await;
     let id = id.unwrap_or_default();
-    finish_put(&state, &topic, &id, mode, result)
+    let response = finish_put(&state, &topic, &id, mode, result);
+    crate::telemetry::record_http_status(&span, response.status().as_u16());
+    response
 }
 
 /// A schedule body with `"type": "cancellation"` (how the original project's frontend

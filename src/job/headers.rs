@@ -35,6 +35,10 @@ pub const URL: &str = "x-redisched-url";
 /// A job expires this many ms after its due time if not delivered by then: it is
 /// set aside to the expired exchange instead (0 = never). Stored with the job.
 pub const EXPIRES_AFTER: &str = "x-redisched-expires-after";
+/// W3C Trace Context: the sender's trace, stored with the job and delivered unchanged
+/// (from an AMQP command's headers, or a REST put's request headers: `trace.rs`).
+pub const TRACEPARENT: &str = "traceparent";
+pub const TRACESTATE: &str = "tracestate";
 /// Control headers: consumed by the bridge, never stored or forwarded.
 pub const CONTROL: [&str; 4] = [DELAY, DELIVER_AT, OP, ID];
 /// Headers the bridge writes on what it publishes. On a command they are ignored and

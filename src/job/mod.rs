@@ -9,7 +9,8 @@
 //! `spec.rs` the spec string a series is stored with; `expiry.rs` when a job has
 //! expired; `url.rs` the rule for a job's own URL (normalised prefix match, the
 //! address rule); `window.rs` past times as operators write them (epoch ms or RFC 3339)
-//! and the failure window of a re-drive by target.
+//! and the failure window of a re-drive by target; `trace.rs` the W3C trace context a job
+//! carries (`traceparent`, `tracestate`).
 //!
 //! Topics become part of Redis key names (inside a Cluster hash tag) and AMQP routing
 //! keys, so they are restricted to a safe alphabet; ids are only ever hash fields and
@@ -20,6 +21,7 @@ pub mod headers;
 pub mod meta;
 pub mod schedule;
 pub mod spec;
+pub mod trace;
 pub mod url;
 pub mod window;
 

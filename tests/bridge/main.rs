@@ -1,7 +1,7 @@
 //! Tests of a running bridge end to end over AMQP on the real Redis and RabbitMQ: the wire
 //! contract, each scheduler feature as the bridge delivers it (parking, pause, expiry, recurring
 //! series and their punctuality, jitter, rate limits, webhooks, a third sink of the test's own,
-//! partitions, cancel by prefix), producers and examples in other languages, and bad or hostile
+//! partitions, cancel by prefix, trace context and span export), producers and examples in other languages, and bad or hostile
 //! input.
 //!
 //! One binary with one module per feature (`cargo test --test bridge <module>::`): one link
@@ -27,5 +27,6 @@ mod recurring;
 mod scale;
 mod subscription;
 mod third_sink;
+mod trace_context;
 mod webhook_urls;
 mod webhooks;

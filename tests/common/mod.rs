@@ -159,6 +159,7 @@ pub mod api;
 pub mod bridge;
 pub mod cluster;
 pub mod faults;
+pub mod otlp;
 pub mod receiver;
 pub mod route;
 pub mod timed;
