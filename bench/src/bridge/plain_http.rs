@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use axum::http::HeaderMap;
-use redisched::amqp::headers;
+use redisched::job::headers;
 
 use super::common;
 
