@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER, USER_AGENT};
 
 use super::request::{self, Outgoing};
 use super::resolve;
@@ -36,6 +36,9 @@ pub(super) struct Delivered {
     pub(super) status: u16,
 }
 
+/// `User-Agent` of every request: `redisched/<version>`.
+const USER_AGENT_VALUE: &str = concat!("redisched/", env!("CARGO_PKG_VERSION"));
+
 impl Failure {
     /// A failure no retry can mend: the job's own URL is refused by the guard (or no
     /// longer allowed by the target's configuration). Its job is parked at once, to be
@@ -55,7 +58,9 @@ pub(super) struct Client {
     /// resolve the name where the guard cannot see the address).
     guarded: Option<reqwest::Client>,
     pub(super) target: Arc<TargetConfig>,
-    keys: Arc<Vec<Vec<u8>>>,
+    /// Each signing secret's key and when it stops signing (epoch ms; `None`: never),
+    /// decoded once: a request signs with those still valid at its time.
+    keys: Arc<Vec<(Vec<u8>, Option<i64>)>>,
     extra: HeaderMap,
     /// The target's URL, parsed once: the common case (no per-job URL) then costs no
     /// parse (with its IDNA pass) per request.
@@ -71,10 +76,13 @@ impl Client {
         let keys = target
             .signing_secrets
             .iter()
-            .map(|s| crate::targets::secret_key(s))
+            .map(|s| crate::targets::secret_key(s).map(|key| (key, s.expires_at_ms())))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("target {}: {e}", target.name))?;
+        // Who is calling (some proxies and WAFs refuse a request without it); the
+        // target's own `headers` may say otherwise.
         let mut extra = HeaderMap::new();
+        extra.insert(USER_AGENT, HeaderValue::from_static(USER_AGENT_VALUE));
         for (name, value) in &target.headers {
             let (Ok(name), Ok(value)) = (
                 HeaderName::from_bytes(name.as_bytes()),
@@ -124,7 +132,16 @@ impl Client {
         // Built whole rather than through `RequestBuilder`, which would copy the
         // headers over one by one into a map of its own.
         let mut post = reqwest::Request::new(reqwest::Method::POST, parsed);
-        *post.headers_mut() = request::headers(&self.target, &self.extra, &self.keys, job, &body);
+        let now_ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let keys: Vec<&[u8]> = self
+            .keys
+            .iter()
+            .filter(|(_, until)| until.is_none_or(|until| now_ms < until))
+            .map(|(key, _)| key.as_slice())
+            .collect();
+        *post.headers_mut() = request::headers(&self.target, &self.extra, &keys, job, &body);
         *post.body_mut() = Some(body.into());
         let response = http
             .execute(post)

@@ -54,7 +54,7 @@ pub(super) struct Outgoing<'a> {
 pub(super) fn headers(
     target: &TargetConfig,
     extra: &HeaderMap,
-    keys: &[Vec<u8>],
+    keys: &[&[u8]],
     job: &Outgoing<'_>,
     body: &[u8],
 ) -> HeaderMap {

@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 
 /// `webhook-signature`: `v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`, one per
 /// key, space-separated (a consumer accepts any one: rotation).
-pub(super) fn signature(keys: &[Vec<u8>], msg_id: &str, timestamp: u64, body: &[u8]) -> String {
+pub(super) fn signature(keys: &[&[u8]], msg_id: &str, timestamp: u64, body: &[u8]) -> String {
     let b64 = base64::engine::general_purpose::STANDARD;
     keys.iter()
         .filter_map(|key| {
