@@ -63,7 +63,7 @@ mod tests {
             .decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
             .unwrap();
         let sig = signature(
-            &[key],
+            &[&key],
             "msg_p5jXN8AQM9LWM0D4loKWxJek",
             1614265330,
             br#"{"test": 2432232314}"#,
