@@ -1,7 +1,9 @@
 //! `redisched run`: wires the stages together and owns the shutdown token.
 //!
-//! Redis-side tasks (the requeue sweep, the notification listener, the HTTP API) live
-//! for the whole process. AMQP-side work (ingest and dispatch) runs in *sessions*: one
+//! Redis-side tasks (the requeue sweep, the notification listener, the health probe, the
+//! HTTP API) live for the whole process, and so does the loop of every sink beside AMQP
+//! (the webhook targets, and a library user's own sinks given to [`run_with`]).
+//! AMQP-side work (ingest and dispatch to the ready exchange) runs in *sessions*: one
 //! connection each; when the broker goes away the session ends, and a new one is
 //! opened with backoff, re-declaring the topology. Nothing is lost in between:
 //! unacked commands are redelivered by the broker and unreleased jobs stay in Redis.

@@ -2,9 +2,10 @@
 //! producer chose.
 //!
 //! The path of one job: [`ingest`] decodes an AMQP command and applies it through
-//! [`store`] (Lua scripts in Redis); [`dispatch`] reserves it when due, publishes it with
-//! publisher confirms and releases it once the broker confirmed; [`requeue`] makes
-//! reservations of crashed bridges due again. See ARCHITECTURE.md.
+//! [`store`] (Lua scripts in Redis); [`dispatch`] reserves it when due, hands it to the
+//! sink its topic routes to (published with publisher confirms, or POSTed to a webhook
+//! target) and releases it once the sink delivered it; [`requeue`] makes reservations of
+//! crashed bridges due again. A job's vocabulary is [`job`]'s. See ARCHITECTURE.md.
 #![forbid(unsafe_code)]
 // The product's functions stay under clippy.toml's threshold (80 lines), or say why not;
 // tests and bench scenarios are stories read top to bottom and are not held to it. A

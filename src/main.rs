@@ -10,7 +10,8 @@ use redisched::config::Config;
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc rather than glibc's malloc: fewer instructions per allocation, and a
-/// webhook delivery or a dispatched job makes dozens (figures: README, Performance).
+/// webhook delivery or a dispatched job makes dozens (figures: `bench/JOURNAL.md`; the
+/// memory it costs: `docs/src/deploy.md`).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

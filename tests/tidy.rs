@@ -789,3 +789,444 @@ fn the_checker_itself_sees_what_it_must() {
         "meta decoding seen, header names allowed"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Module docs name only what exists.
+//
+// A module's `//!` doc is its map (ARCHITECTURE.md's code map points at them), so a name in
+// it that no longer exists sends the reader nowhere. Checked in backticked spans outside
+// code blocks:
+// - a file or folder (`confirm.rs`, `decode/`, `lua/put.lua`, `src/job/url.rs`: a token
+//   ending in a known file extension or in `/`, or starting with a top-level directory of
+//   the repository) must exist relative to the module's folder (for `x.rs`, also `x/`), one
+//   of its ancestors up to `src/`, or the repository root;
+// - a Rust path (`Session::run`, `crate::job::url::forbidden_address`, `amqp::partition_of`):
+//   its module segments must be modules of the crate, its first item a name the module's
+//   file defines or imports, and a member (`Type::member`) a name some file that defines the
+//   type mentions in code (a method, variant, field or constant); a path into another crate
+//   (`Span::none()`) needs only its first name in the workspace's code;
+// - an intra-doc link's name (`[`Envelope`]`) must be defined in the workspace or named in
+//   the file's code;
+// - any other identifier-shaped name (`CamelCase`, `snake_case_with_underscores`,
+//   `SCREAMING_CASE`, `name()`) must occur in the workspace's code or data (Rust outside
+//   comments, Lua, the default configuration, the OpenAPI document, the dashboard), so a
+//   renamed function or field cannot linger; single lower-case words (`put`, `every`) and
+//   anything with spaces, dots or dashes (commands, keys, headers) are not checked.
+// ---------------------------------------------------------------------------------------
+
+/// A backticked span of a module doc: its text, its line (from 1), and whether it is an
+/// intra-doc link (`[`X`]`).
+#[derive(Debug, PartialEq)]
+struct DocSpan {
+    text: String,
+    line: usize,
+    link: bool,
+}
+
+/// The backticked spans of a file's `//!` lines, fenced code blocks left out; a span may
+/// wrap a line.
+fn module_doc_spans(text: &str) -> Vec<DocSpan> {
+    let mut doc = String::new();
+    let mut line_of = Vec::new();
+    let mut fenced = false;
+    for (n, line) in text.lines().enumerate() {
+        let Some(rest) = line.trim_start().strip_prefix("//!") else {
+            continue;
+        };
+        if rest.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        for c in rest.chars().chain(std::iter::once('\n')) {
+            doc.push(c);
+            line_of.push(n + 1);
+        }
+    }
+    let chars: Vec<char> = doc.chars().collect();
+    let run_at = |i: usize| chars[i..].iter().take_while(|&&c| c == '`').count();
+    let mut spans = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        if chars[i] != '`' {
+            i += 1;
+            continue;
+        }
+        let run = run_at(i);
+        let start = i + run;
+        let mut j = start;
+        let mut end = None;
+        while j < chars.len() {
+            if chars[j] == '`' {
+                let r = run_at(j);
+                if r == run {
+                    end = Some(j);
+                    break;
+                }
+                j += r;
+            } else {
+                j += 1;
+            }
+        }
+        let Some(end) = end else { break };
+        let text: String = chars[start..end].iter().collect();
+        let link = i > 0 && chars[i - 1] == '[' && chars.get(end + run) == Some(&']');
+        spans.push(DocSpan {
+            text: text.split_whitespace().collect::<Vec<_>>().join(" "),
+            line: line_of[start.min(line_of.len() - 1)],
+            link,
+        });
+        i = end + run;
+    }
+    spans
+}
+
+/// The identifiers of a text (`[A-Za-z_][A-Za-z0-9_]*`).
+fn identifiers(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|w| {
+            w.chars()
+                .next()
+                .is_some_and(|c| c.is_alphabetic() || c == '_')
+        })
+}
+
+/// The names a Rust source defines (`fn x`, `struct X`, `enum`, `trait`, `type`, `const`,
+/// `static`, `mod`, `union`, `macro_rules! x`).
+fn defined_names(code: &str) -> Vec<String> {
+    let keywords = [
+        "fn", "struct", "enum", "trait", "type", "const", "static", "mod", "union",
+    ];
+    let words: Vec<&str> = identifiers(code).collect();
+    let mut found = Vec::new();
+    for pair in words.windows(2) {
+        if keywords.contains(&pair[0]) || pair[0] == "macro_rules" {
+            found.push(pair[1].to_string());
+        }
+    }
+    found
+}
+
+/// What the workspace defines and names, for the module-doc check.
+struct Known {
+    /// Name -> the files (index into `files`) that define it.
+    defs: BTreeMap<String, BTreeSet<usize>>,
+    /// Each Rust file's identifiers in code (comments stripped, strings kept).
+    file_words: Vec<BTreeSet<String>>,
+    /// Every identifier of the workspace's code and data.
+    words: BTreeSet<String>,
+    /// The crate's module paths, and the file of each.
+    modules: BTreeMap<Vec<String>, usize>,
+}
+
+impl Known {
+    /// `sources`: the crate's own files (its modules); `others`: the rest of the workspace's
+    /// Rust code (tests, testkit, bench, examples); `data`: Lua, TOML, JSON, HTML texts.
+    fn new(sources: &[Source], others: &[String], data: &[String]) -> Self {
+        let mut known = Known {
+            defs: BTreeMap::new(),
+            file_words: Vec::new(),
+            words: BTreeSet::new(),
+            modules: BTreeMap::new(),
+        };
+        for (index, source) in sources.iter().enumerate() {
+            for name in defined_names(&source.code) {
+                known.defs.entry(name).or_default().insert(index);
+            }
+            let words: BTreeSet<String> = identifiers(&source.code).map(str::to_string).collect();
+            known.words.extend(words.iter().cloned());
+            known.file_words.push(words);
+            known.modules.insert(source.module.clone(), index);
+        }
+        for code in others {
+            for name in defined_names(code) {
+                known.defs.entry(name).or_default();
+            }
+            known.words.extend(identifiers(code).map(str::to_string));
+        }
+        for text in data {
+            known.words.extend(identifiers(text).map(str::to_string));
+        }
+        known
+    }
+
+    fn defined(&self, name: &str) -> bool {
+        self.defs.contains_key(name)
+    }
+
+    /// Whether `member` of `item` exists: a name some file defines (a method, a constant),
+    /// or one that a file defining `item` names in its code (a variant, a field).
+    fn has_member(&self, item: &str, member: &str) -> bool {
+        self.defs.get(member).is_some_and(|files| !files.is_empty())
+            || self
+                .defs
+                .get(item)
+                .into_iter()
+                .flatten()
+                .any(|&file| self.file_words[file].contains(member))
+    }
+}
+
+fn is_identifier(s: &str) -> bool {
+    s.chars()
+        .next()
+        .is_some_and(|c| c.is_alphabetic() || c == '_')
+        && s.chars().all(|c| c.is_alphanumeric() || c == '_')
+}
+
+/// A token that names a file or folder: a known extension, a trailing `/`, or a first
+/// segment that is a top-level directory of the repository; `None` for placeholders.
+fn file_token(token: &str, top_dirs: &BTreeSet<String>) -> Option<String> {
+    let token = token.trim_matches(|c: char| "(),;'\"".contains(c));
+    let token = token.split(':').next().unwrap_or(token);
+    if token.contains(['<', '>', '*', '{', '}', '$', '…', '|', '=']) || token.contains("..") {
+        return None;
+    }
+    let exts = [
+        ".rs", ".lua", ".json", ".html", ".toml", ".md", ".sh", ".yml", ".yaml",
+    ];
+    let segments: Vec<&str> = token.trim_end_matches('/').split('/').collect();
+    let plain = segments
+        .iter()
+        .all(|s| !s.is_empty() && s.chars().all(|c| c.is_alphanumeric() || "_-.".contains(c)));
+    let file = exts
+        .iter()
+        .any(|ext| token.ends_with(ext) && token.len() > ext.len());
+    let folder = token.ends_with('/') && token.len() > 1;
+    let rooted = token.contains('/') && top_dirs.contains(segments[0]);
+    (plain && (file || folder || rooted)).then(|| token.to_string())
+}
+
+/// Whether `token` (a file or folder) exists for the module doc of `file`.
+fn file_exists(file: &Path, token: &str) -> bool {
+    let src = repo().join("src");
+    let mut bases = Vec::new();
+    if let (Some(dir), Some(stem)) = (file.parent(), file.file_stem()) {
+        if !matches!(stem.to_str(), Some("mod" | "lib" | "main")) {
+            bases.push(dir.join(stem)); // `targets.rs` names `secret.rs` of `targets/`
+        }
+        let mut dir = Some(dir);
+        while let Some(d) = dir.filter(|d| d.starts_with(&src)) {
+            bases.push(d.to_path_buf());
+            dir = d.parent();
+        }
+    }
+    bases.push(repo().to_path_buf());
+    bases.iter().any(|base| base.join(token).exists())
+}
+
+/// Why a Rust path named in `source`'s module doc does not resolve, if it does not.
+fn path_problem(path: &str, link: bool, source: &Source, known: &Known) -> Option<String> {
+    let segments: Vec<&str> = path.split("::").collect();
+    let rooted = |first: &str| {
+        matches!(first, "crate" | "self" | "super" | "redisched")
+            || known.modules.contains_key(&vec![first.to_string()])
+    };
+    if segments.len() == 1 {
+        let name = segments[0];
+        let found = if link {
+            known.defined(name) || known.words.contains(name)
+        } else {
+            known.words.contains(name)
+        };
+        return (!found).then(|| format!("`{name}` is named nowhere in the workspace's code"));
+    }
+    if !rooted(segments[0]) {
+        // `Type::member` of this workspace, or a path into another crate.
+        let (first, member) = (segments[0], segments[segments.len() - 1]);
+        if known.defined(first) {
+            return (!known.has_member(first, member))
+                .then(|| format!("`{path}`: `{first}` has no `{member}`"));
+        }
+        return (!known.words.contains(first))
+            .then(|| format!("`{path}`: `{first}` is named nowhere in the workspace's code"));
+    }
+    let mut module: Vec<String> = Vec::new();
+    let mut rest = segments.as_slice();
+    match rest[0] {
+        "crate" | "redisched" => rest = &rest[1..],
+        "self" | "super" => {
+            module = source.module.clone();
+            while let Some((&first, tail)) = rest.split_first() {
+                match first {
+                    "self" => {}
+                    "super" => {
+                        module.pop();
+                    }
+                    _ => break,
+                }
+                rest = tail;
+            }
+        }
+        _ => {}
+    }
+    while let Some((&first, tail)) = rest.split_first() {
+        let mut deeper = module.clone();
+        deeper.push(first.to_string());
+        if !known.modules.contains_key(&deeper) {
+            break;
+        }
+        module = deeper;
+        rest = tail;
+    }
+    let Some((&item, members)) = rest.split_first() else {
+        return None; // a module
+    };
+    let file = known.modules[&module];
+    if !known.file_words[file].contains(item) {
+        return Some(format!(
+            "`{path}`: module `{}` neither defines nor imports `{item}`",
+            show(&module)
+        ));
+    }
+    match members.last() {
+        Some(member) if !known.has_member(item, member) => {
+            Some(format!("`{path}`: `{item}` has no `{member}`"))
+        }
+        _ => None,
+    }
+}
+
+/// Every name in a module doc of `sources` that does not exist, as `file:line: why`.
+fn module_doc_problems(sources: &[Source], texts: &[String], known: &Known) -> Vec<String> {
+    let top_dirs: BTreeSet<String> = std::fs::read_dir(repo())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| !name.starts_with('.') && name != "target")
+        .collect();
+    let mut found = Vec::new();
+    for (source, text) in sources.iter().zip(texts) {
+        for span in module_doc_spans(text) {
+            let at = format!("{}:{}", rel(&source.file), span.line);
+            for token in span.text.split(' ') {
+                if let Some(file) = file_token(token, &top_dirs) {
+                    if !file_exists(&source.file, &file) {
+                        found.push(format!("{at}: `{file}` does not exist"));
+                    }
+                }
+            }
+            let name = span.text.trim_end_matches("()");
+            let checked = name.split("::").all(is_identifier)
+                && (span.link
+                    || name.contains("::")
+                    || span.text.ends_with("()")
+                    || name.contains('_')
+                    || name.chars().next().is_some_and(char::is_uppercase)
+                        && name.chars().any(char::is_lowercase));
+            if checked {
+                if let Some(why) = path_problem(name, span.link, source, known) {
+                    found.push(format!("{at}: {why}"));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The workspace's Rust code outside `src/` (comments stripped) and its data files.
+fn workspace_texts() -> (Vec<String>, Vec<String>) {
+    let mut code = Vec::new();
+    for dir in ["tests", "testkit", "bench", "examples"] {
+        for file in files(&repo().join(dir), &[".rs"]) {
+            code.push(strip_comments(
+                &std::fs::read_to_string(&file).unwrap_or_default(),
+            ));
+        }
+    }
+    let mut data = Vec::new();
+    for (dir, exts) in [
+        ("lua", &[".lua"][..]),
+        ("config", &[".toml"][..]),
+        ("src", &[".json", ".html"][..]),
+    ] {
+        for file in files(&repo().join(dir), exts) {
+            data.push(std::fs::read_to_string(&file).unwrap_or_default());
+        }
+    }
+    (code, data)
+}
+
+#[test]
+fn module_docs_name_only_files_and_items_that_exist() {
+    let sources = sources();
+    let texts: Vec<String> = sources
+        .iter()
+        .map(|s| std::fs::read_to_string(&s.file).expect("read source"))
+        .collect();
+    let (code, data) = workspace_texts();
+    let known = Known::new(&sources, &code, &data);
+    let found = module_doc_problems(&sources, &texts, &known);
+    assert!(
+        found.is_empty(),
+        "module docs (`//!`) that name a file or item that does not exist (ARCHITECTURE.md's code map points at them):\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn the_module_doc_checker_sees_what_it_must() {
+    let doc = "//! Real: `sink.rs`, `amqp/`, `lua/put.lua`, `src/job/url.rs`, [`Dispatcher`],\n\
+               //! `Dispatcher::run`, `Route::Amqp`, `crate::dispatch::Dispatcher`, `tokio::spawn`,\n\
+               //! `Span::none()`, `x-delay`, `redis.wait_replicas`, `put`, `lua/<name>.lua`,\n\
+               //! `redisched put <topic>`.\n\
+               //! ```text\n//! `gone.rs` in a code block\n//! ```\n\
+               //! Stale: `expiry.rs`, `src/webhook/`, `Dispatcher::run_turns`, [`Sinks`],\n\
+               //! `decode_command`, `crate::webhook::client`, `crate::dispatch::Expiry`, `old_name()`.\n";
+    let code = "use tokio::spawn; use tracing::Span;\n\
+                pub struct Dispatcher; impl Dispatcher { pub fn run(&self) {} }\n\
+                pub enum Route { Amqp }";
+    let source = |file: &str, code: &str| {
+        let file = repo().join(file);
+        Source {
+            module: module_of(&file),
+            code: strip_comments(code),
+            file,
+        }
+    };
+    let sources = [
+        source("src/lib.rs", "pub mod dispatch;"),
+        source("src/dispatch/mod.rs", code),
+    ];
+    let texts = [String::new(), format!("{doc}{code}")];
+    let known = Known::new(&sources, &[], &[]);
+    assert_eq!(
+        module_doc_problems(&sources, &texts, &known),
+        [
+            "src/dispatch/mod.rs:8: `expiry.rs` does not exist",
+            "src/dispatch/mod.rs:8: `src/webhook/` does not exist",
+            "src/dispatch/mod.rs:8: `Dispatcher::run_turns`: `Dispatcher` has no `run_turns`",
+            "src/dispatch/mod.rs:8: `Sinks` is named nowhere in the workspace's code",
+            "src/dispatch/mod.rs:9: `decode_command` is named nowhere in the workspace's code",
+            "src/dispatch/mod.rs:9: `crate::webhook::client`: module `crate` neither defines nor imports `webhook`",
+            "src/dispatch/mod.rs:9: `crate::dispatch::Expiry`: module `dispatch` neither defines nor imports `Expiry`",
+            "src/dispatch/mod.rs:9: `old_name` is named nowhere in the workspace's code",
+        ],
+        "every stale name seen, every real one and every non-name left alone"
+    );
+    let spans = module_doc_spans("//! a `b\n//! c` [`D`] ``e`f``\n");
+    assert_eq!(
+        spans,
+        [
+            DocSpan {
+                text: "b c".into(),
+                line: 1,
+                link: false
+            },
+            DocSpan {
+                text: "D".into(),
+                line: 2,
+                link: true
+            },
+            DocSpan {
+                text: "e`f".into(),
+                line: 2,
+                link: false
+            },
+        ]
+    );
+}

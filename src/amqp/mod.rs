@@ -1,5 +1,10 @@
-//! The AMQP side shared by ingest and dispatch: connecting, declaring the topology,
-//! and the wire contract's names.
+//! The AMQP transport shared by ingest and dispatch: connecting (a node list tried in
+//! turn, TLS, the frame cap), `while_connected` (a stage on a dead connection is stopped
+//! after a grace period), declaring the topology (with command partitions: the route
+//! queue, a fanout exchange and a queue per partition, [`partition_of`]; probing and
+//! retiring a previous topology's queues), channels and the error type. A job's
+//! vocabulary on the wire (header names, the stored meta) is `crate::job`'s: this module
+//! never decodes a job's meta (`tests/tidy.rs`).
 
 use std::future::Future;
 use std::time::Duration;
@@ -282,7 +287,7 @@ pub async fn declare_topology(channel: &Channel, config: &AmqpConfig) -> lapin::
 /// each command to its partition's exchange with the command's own routing key (its
 /// topic). The consistent-hash exchange of the release before is deleted: it kept
 /// its ring in memory and rebuilt it in another order at a broker restart, moving ids
-/// between partitions (README, *Partitioned commands*).
+/// between partitions (the book's *Partitioned commands*, `docs/src/partitions.md`).
 async fn declare_partitions(
     channel: &Channel,
     config: &AmqpConfig,

@@ -122,7 +122,7 @@ pub struct AmqpConfig {
     /// route queue `<commands_queue>.route`, whose active consumer (the bridges' router)
     /// forwards each command by its job id to one of N queues `<commands_queue>.<k>`,
     /// each single-active-consumer: commands on one job still apply in publish order,
-    /// and the partitions spread over the bridges (README, *Order*).
+    /// and the partitions spread over the bridges (`docs/src/partitions.md`).
     pub command_partitions: u16,
     pub heartbeat_secs: u16,
     /// Backoff between reconnect attempts, doubling up to the max.

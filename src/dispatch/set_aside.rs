@@ -9,7 +9,7 @@
 //!
 //! The set-aside publishes on a confirm channel of its own, opened on the dispatch
 //! stage's AMQP connection for as long as that session lives (`Dispatcher::run_session`),
-//! with a confirmer of its own (the AMQP sink's `confirm.rs`: it pairs the channel's
+//! with a confirmer of its own (the AMQP sink's `amqp/confirm.rs`: it pairs the channel's
 //! returns with their jobs) and at most `dispatch.window` copies awaiting their
 //! confirm. It borrows no sink's channel, and no sink waits for it: while no channel
 //! is open (the broker is away) or the window is full, an expired job is handed back

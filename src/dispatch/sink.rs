@@ -8,7 +8,8 @@
 //! aside or fails them first.
 //!
 //! Which sink a topic goes to is decided here, once ([`Routes`]): the first sink beside
-//! AMQP that serves it, else the AMQP sink (the ready exchange). The AMQP sink runs per
+//! AMQP that serves it, else the AMQP sink (the ready exchange); the list of sinks beside
+//! AMQP is built by `routes` in `mod.rs`. The AMQP sink runs per
 //! AMQP session (`amqp/`); the others for the whole process, each with a loop, a plan
 //! and a copy of the hints of its own, so a broker outage does not stop them.
 //!

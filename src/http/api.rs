@@ -1,7 +1,8 @@
 //! The REST API over the store (`/v1/topics/…`) and the OpenAPI document that describes
 //! it. Every query value is parsed exactly as `openapi.json` states it (an empty value
-//! is refused like any other value outside the schema), so that the document and the
-//! server agree; `tests/faces/openapi.rs` checks them against each other.
+//! is refused like any other value outside the schema, and so is a parameter the
+//! document does not list), so that the document and the server agree;
+//! `tests/faces/openapi.rs` checks them against each other.
 
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;

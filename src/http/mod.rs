@@ -139,7 +139,7 @@ static CONTENT_SECURITY_POLICY: LazyLock<HeaderValue> = LazyLock::new(|| {
         .unwrap_or_else(|_| HeaderValue::from_static("default-src 'none'; frame-ancestors 'none'"))
 });
 
-/// Adds the security headers to `response` (see README, *Security*).
+/// Adds the security headers to `response` (see `docs/src/security.md`).
 async fn security_headers(mut response: Response) -> Response {
     let headers = response.headers_mut();
     headers.insert(

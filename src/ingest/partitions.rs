@@ -1,7 +1,7 @@
 //! Partitioned commands (`amqp.command_partitions` > 1): the router (`route.rs`), one
-//! lane per partition (`lane.rs`), the partitions shared out among the bridges announced in the
-//! store, and the drain of a previous topology's queues before a changed count is
-//! consumed (README, *Order*).
+//! lane per partition (`lane.rs`), the partitions shared out among the bridges announced
+//! in the store, and the drain of a previous topology's queues before a changed count is
+//! consumed (the book's *Partitioned commands*, `docs/src/partitions.md`).
 
 use std::time::Duration;
 
@@ -68,12 +68,12 @@ impl Ingest {
         // highest, so a bridge joining or leaving moves only its own share). Until the
         // first announcement this bridge counts as owning every partition.
         // Said at every session: partitioned ingest is young, and one long chaos run
-        // lost jobs for a reason never found (README, "Partitioned commands").
+        // lost jobs for a reason never found (docs/src/partitions.md).
         tracing::warn!(
             partitions,
             "command partitions are young: the 30-minute fault-injection run now keeps every \
              job, but an earlier one lost jobs whose commands were applied, cause not found \
-             (README, Partitioned commands); amqp.command_partitions = 1 is the proven choice"
+             (docs/src/partitions.md, Partitioned commands); amqp.command_partitions = 1 is the proven choice"
         );
         let member = member_name();
         let (owned_tx, owned) = tokio::sync::watch::channel(vec![true; usize::from(partitions)]);

@@ -14,7 +14,7 @@
 //!
 //! Returns: a forward is `mandatory`; the broker returns it when its partition's queue
 //! is gone. lapin may hand a return to another publish's confirm of the same window
-//! (`dispatch/confirm.rs`), so any return ends the session before anything after the
+//! (`dispatch/amqp/confirm.rs`), so any return ends the session before anything after the
 //! acks already sent is acked: the unacked commands go back to the route queue, and
 //! the next session declares the topology again.
 

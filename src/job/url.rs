@@ -11,7 +11,7 @@
 //! - [`forbidden_address`] is the address rule: which IP addresses a job's URL may not
 //!   reach (loopback, private, link-local, CGNAT, … and v6 forms carrying them). A
 //!   literal address is checked here; a name is checked on each address it resolves
-//!   to, when the connection is made (`webhook/resolve.rs`).
+//!   to, when the connection is made (`dispatch/webhook/resolve.rs`).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

@@ -16,7 +16,7 @@
 //! for memory, the state holds until `INFO memory` shows room, `used_memory` (as Redis
 //! counts it against the limit) at most [`ROOM_PERCENT`] % of `maxmemory` on every
 //! primary (or no limit). Where `INFO` is not allowed, it holds until a write Redis would
-//! refuse under OOM (`put.lua`, `INCR`) at least as large as the largest one it refused
+//! refuse under OOM (`lua/put.lua`, `INCR`) at least as large as the largest one it refused
 //! meanwhile is accepted (commands that waited come back: the largest one will too). Readiness says which of the two it waits for.
 //!
 //! Eviction: redisched keys never carry a TTL, so `noeviction` and the `volatile-*`

@@ -6,8 +6,8 @@
 //!
 //! `ops/` holds one file per operation (its request and reply types, its calls, its
 //! reply decoding and its methods; see `ops/mod.rs`). The rest is what they share:
-//! - `types.rs`: the types several operations take or answer (limits, job state,
-//!   lease, schedule spec);
+//! - `types.rs`: the types several operations take or answer (limits, job state, last
+//!   error, lease; a series' schedule spec is the job's vocabulary, `crate::job::spec`);
 //! - `scripts.rs`: the one list of scripts, and how a script call is built;
 //! - `call.rs`: what a call is (command, route, `Durability`);
 //! - `exec.rs`: the transport (standalone or cluster, pipelining, `NOSCRIPT`);

@@ -2,8 +2,8 @@
 //! planned for, without the stages knowing each other.
 //!
 //! Three sources feed the same [`DueHints`]: the ingest stage (in-process, for commands
-//! this bridge applied), dispatch's confirmer (in-process, a series it released to its
-//! next occurrence) and Redis Pub/Sub (the put and requeue scripts publish on
+//! this bridge applied), dispatch's settling (in-process, a series it released to its
+//! next occurrence, a job it handed back for a retry) and Redis Pub/Sub (the put and requeue scripts publish on
 //! `<prefix>:notify` when a topic's head moves earlier, whoever called them), which
 //! only the store subscribes to and parses. Hints only wake the dispatcher early;
 //! correctness never depends on them, because the reserve script decides what is due

@@ -9,13 +9,13 @@
 //! milliseconds and named in the producer's terms. Nothing after decoding reads the
 //! delivery's headers again (a set-aside only republishes them as they came).
 //!
-//! The rules are the wire contract (README, "Commands in"): routing key = topic,
-//! `message_id` = job id, `x-redisched-op` = put | replace | delete | delete-prefix
-//! (`message_id` = the id prefix), `x-delay` (ms) or
-//! `x-deliver-at` (epoch ms) for the due time, body stored verbatim; a put or replace
-//! may carry `x-redisched-every` or `x-redisched-cron` (+ `x-redisched-tz`) to make the
-//! job a recurring series (README, "Recurring schedules over AMQP"). The combination
-//! rule of the schedule headers is every face's
+//! The rules are the wire contract (`docs/src/amqp.md`, *Commands in*): routing key =
+//! topic, `message_id` = job id, `x-redisched-op` = put | replace | delete |
+//! delete-prefix (`message_id` = the id prefix), `x-delay` (ms) or `x-deliver-at` (epoch
+//! ms) for the due time, body stored verbatim; a put or replace may carry
+//! `x-redisched-every` or `x-redisched-cron` (+ `x-redisched-tz`) to make the job a
+//! recurring series (`docs/src/recurring.md`, *Over AMQP*). The combination rule of the
+//! schedule headers is every face's
 //! ([`crate::job::schedule::Schedule::from_parts`]).
 
 mod delete_prefix;

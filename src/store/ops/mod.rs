@@ -10,7 +10,7 @@
 //!   and decode its two scripts' calls;
 //! - `ingest.rs`: ingest's epochs, members and command partition count;
 //! - `reserve.rs`: reserve (one topic or many) and pull; `release.rs`: every release;
-//!   `retry.rs`: handing a job back after a failed publish; `requeue.rs`: expired
+//!   `retry.rs`: handing a job back after a failed delivery; `requeue.rs`: expired
 //!   reservations made due again;
 //! - `get.rs`, `stats.rs`, `list.rs`, `history.rs`, `due_histogram.rs`: the reads;
 //!   `topics.rs`: the topics set and each topic's next due time; `server.rs`: the

@@ -1,5 +1,5 @@
 //! `lua/retry.lua`: handing a reserved job back, due again after a delay, token-fenced;
-//! after a failed publish with its reason recorded, and parked once its failures reach
+//! after a failed delivery with its reason recorded, and parked once its failures reach
 //! `max_attempts`.
 
 use std::time::Duration;
