@@ -309,10 +309,10 @@ impl Ingest {
 fn refused(recorded: RecordedPartitions, partitions: u16) -> String {
     match recorded {
         RecordedPartitions::Hashed(n) => format!(
-            "amqp.command_partitions = {partitions} but this deployment's commands are partitioned {n} ways by the release before (through RabbitMQ's consistent-hash exchange, which moves ids at a broker restart): set amqp.command_partitions = 1 on every bridge first (they drain the old partitions), then {partitions} (README, Order)"
+            "amqp.command_partitions = {partitions} but this deployment's commands are partitioned {n} ways by the release before (through RabbitMQ's consistent-hash exchange, which moves ids at a broker restart): set amqp.command_partitions = 1 on every bridge first (they drain the old partitions), then {partitions} (docs/src/partitions.md)"
         ),
         _ => format!(
-            "amqp.command_partitions = {partitions} but this deployment's commands are partitioned {} ways: change the count through amqp.command_partitions = 1 (README, Order)",
+            "amqp.command_partitions = {partitions} but this deployment's commands are partitioned {} ways: change the count through amqp.command_partitions = 1 (docs/src/partitions.md)",
             recorded.count()
         ),
     }

@@ -94,7 +94,7 @@ impl Denials {
                     call = %name,
                     error = %error,
                     "Redis refuses a call for lack of permission: the Redis user's ACL lacks a \
-                     command this call needs (see README, Least-privilege Redis user). Until it \
+                     command this call needs (see docs/src/security.md, Least-privilege Redis user). Until it \
                      runs again /readyz answers 503 (\"redis\":\"refused: …\") and \
                      redisched_redis_acl_denied reads 1"
                 );
