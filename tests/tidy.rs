@@ -437,7 +437,7 @@ fn stages_meet_only_in_the_store() {
     let found = violations(&sources(), &stages, &stages);
     assert!(
         found.is_empty(),
-        "a stage imports another (they meet only in the store: ARCHITECTURE.md, *Deliberately absent*):\n  {}",
+        "a stage imports another (they meet only in the store: ARCHITECTURE.md, *Invariants*):\n  {}",
         found.join("\n  ")
     );
 }
@@ -563,7 +563,7 @@ fn the_dispatch_sinks_never_import_each_other() {
     let found = sink_crossings(&sources);
     assert!(
         found.is_empty(),
-        "a sink imports another (what they share lives beside them in src/dispatch/; ARCHITECTURE.md, *Where to add a new sink*):\n  {}",
+        "a sink imports another (what they share lives beside them in src/dispatch/; ARCHITECTURE.md, *Where to add …*):\n  {}",
         found.join("\n  ")
     );
 }

@@ -6,6 +6,17 @@
 //! [`Event::Command`] to the feed and counts `redisched_commands{op,outcome}`.
 //! With `http.token` set, every endpoint that changes or shows job data needs a token
 //! (`auth.rs` holds the one policy table); `/healthz` and `/readyz` stay open.
+//!
+//! By role: here the router, the security headers of every response and the accept loop
+//! (header-read timeout, connection cap); `api.rs` jobs and topics; `features.rs` pause,
+//! resume, re-drive, history and a put's schedule parameters; `rate.rs` rate limits;
+//! `cancel.rs` cancel by id prefix; `targets.rs` webhook targets and their re-drive by
+//! window; `charts.rs` the due histogram; `compat.rs` the original `/schedule` and
+//! `/cancel`; `ops.rs` health, readiness, metrics and the event stream; `auth.rs` who may
+//! call what; `error.rs` JSON errors and the path extractor; `params.rs` the path and query
+//! values every handler parses (so handler modules never import one another);
+//! `openapi.json` the contract (served with the configured limits); `dashboard.html` the
+//! page.
 
 mod api;
 mod auth;
