@@ -28,5 +28,6 @@ mod scale;
 mod subscription;
 mod third_sink;
 mod trace_context;
+mod webhook_identity;
 mod webhook_urls;
 mod webhooks;
