@@ -938,7 +938,10 @@ impl Known {
             let words: BTreeSet<String> = identifiers(&source.code).map(str::to_string).collect();
             known.words.extend(words.iter().cloned());
             known.file_words.push(words);
-            known.modules.insert(source.module.clone(), index);
+            // `main.rs` is the binary, not the crate root `lib.rs`.
+            if !source.file.ends_with("src/main.rs") {
+                known.modules.insert(source.module.clone(), index);
+            }
         }
         for code in others {
             for name in defined_names(code) {
@@ -1024,14 +1027,22 @@ fn path_problem(path: &str, link: bool, source: &Source, known: &Known) -> Optio
         matches!(first, "crate" | "self" | "super" | "redisched")
             || known.modules.contains_key(&vec![first.to_string()])
     };
+    let in_scope = |name: &str| identifiers(&source.code).any(|w| w == name);
     if segments.len() == 1 {
         let name = segments[0];
-        let found = if link {
-            known.defined(name) || known.words.contains(name)
-        } else {
-            known.words.contains(name)
-        };
-        return (!found).then(|| format!("`{name}` is named nowhere in the workspace's code"));
+        if link && known.words.contains(name) && !in_scope(name) {
+            return Some(format!(
+                "[`{name}`] is a link rustdoc cannot resolve: the file neither defines nor imports it"
+            ));
+        }
+        return (!known.words.contains(name))
+            .then(|| format!("`{name}` is named nowhere in the workspace's code"));
+    }
+    if link && !rooted(segments[0]) && !in_scope(segments[0]) {
+        return Some(format!(
+            "[`{path}`] is a link rustdoc cannot resolve: the file neither defines nor imports `{}`",
+            segments[0]
+        ));
     }
     if !rooted(segments[0]) {
         // `Type::member` of this workspace, or a path into another crate.
@@ -1101,7 +1112,19 @@ fn module_doc_problems(sources: &[Source], texts: &[String], known: &Known) -> V
         .collect();
     let mut found = Vec::new();
     for (source, text) in sources.iter().zip(texts) {
+        // `//! [`Label`]: path` defines where a link labelled so resolves.
+        let targets: BTreeMap<String, String> = text
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("//! [`")?.split_once("`]: "))
+            .map(|(label, target)| (label.to_string(), target.trim().to_string()))
+            .collect();
         for span in module_doc_spans(text) {
+            if let Some(target) = targets.get(&span.text).filter(|_| span.link) {
+                if let Some(why) = path_problem(target, true, source, known) {
+                    found.push(format!("{}:{}: {why}", rel(&source.file), span.line));
+                }
+                continue;
+            }
             let at = format!("{}:{}", rel(&source.file), span.line);
             for token in span.text.split(' ') {
                 if let Some(file) = file_token(token, &top_dirs) {
@@ -1173,10 +1196,12 @@ fn the_module_doc_checker_sees_what_it_must() {
     let doc = "//! Real: `sink.rs`, `amqp/`, `lua/put.lua`, `src/job/url.rs`, [`Dispatcher`],\n\
                //! `Dispatcher::run`, `Route::Amqp`, `crate::dispatch::Dispatcher`, `tokio::spawn`,\n\
                //! `Span::none()`, `x-delay`, `redis.wait_replicas`, `put`, `lua/<name>.lua`,\n\
-               //! `redisched put <topic>`.\n\
+               //! `redisched put <topic>`, [`crate::feed::Event::Command`], [`Ev`].\n\
+               //! [`Ev`]: crate::feed::Event\n\
                //! ```text\n//! `gone.rs` in a code block\n//! ```\n\
                //! Stale: `expiry.rs`, `src/webhook/`, `Dispatcher::run_turns`, [`Sinks`],\n\
-               //! `decode_command`, `crate::webhook::client`, `crate::dispatch::Expiry`, `old_name()`.\n";
+               //! `decode_command`, `crate::webhook::client`, `crate::dispatch::Expiry`, `old_name()`,\n\
+               //! [`Event::Command`].\n";
     let code = "use tokio::spawn; use tracing::Span;\n\
                 pub struct Dispatcher; impl Dispatcher { pub fn run(&self) {} }\n\
                 pub enum Route { Amqp }";
@@ -1189,22 +1214,30 @@ fn the_module_doc_checker_sees_what_it_must() {
         }
     };
     let sources = [
-        source("src/lib.rs", "pub mod dispatch;"),
         source("src/dispatch/mod.rs", code),
+        source("src/feed.rs", "pub enum Event { Command }"),
+        source("src/lib.rs", "pub mod dispatch; pub mod feed;"),
+        source("src/main.rs", "fn main() {}"),
     ];
-    let texts = [String::new(), format!("{doc}{code}")];
+    let texts = [
+        format!("{doc}{code}"),
+        String::new(),
+        String::new(),
+        String::new(),
+    ];
     let known = Known::new(&sources, &[], &[]);
     assert_eq!(
         module_doc_problems(&sources, &texts, &known),
         [
-            "src/dispatch/mod.rs:8: `expiry.rs` does not exist",
-            "src/dispatch/mod.rs:8: `src/webhook/` does not exist",
-            "src/dispatch/mod.rs:8: `Dispatcher::run_turns`: `Dispatcher` has no `run_turns`",
-            "src/dispatch/mod.rs:8: `Sinks` is named nowhere in the workspace's code",
-            "src/dispatch/mod.rs:9: `decode_command` is named nowhere in the workspace's code",
-            "src/dispatch/mod.rs:9: `crate::webhook::client`: module `crate` neither defines nor imports `webhook`",
-            "src/dispatch/mod.rs:9: `crate::dispatch::Expiry`: module `dispatch` neither defines nor imports `Expiry`",
-            "src/dispatch/mod.rs:9: `old_name` is named nowhere in the workspace's code",
+            "src/dispatch/mod.rs:9: `expiry.rs` does not exist",
+            "src/dispatch/mod.rs:9: `src/webhook/` does not exist",
+            "src/dispatch/mod.rs:9: `Dispatcher::run_turns`: `Dispatcher` has no `run_turns`",
+            "src/dispatch/mod.rs:9: `Sinks` is named nowhere in the workspace's code",
+            "src/dispatch/mod.rs:10: `decode_command` is named nowhere in the workspace's code",
+            "src/dispatch/mod.rs:10: `crate::webhook::client`: module `crate` neither defines nor imports `webhook`",
+            "src/dispatch/mod.rs:10: `crate::dispatch::Expiry`: module `dispatch` neither defines nor imports `Expiry`",
+            "src/dispatch/mod.rs:10: `old_name` is named nowhere in the workspace's code",
+            "src/dispatch/mod.rs:11: [`Event::Command`] is a link rustdoc cannot resolve: the file neither defines nor imports `Event`",
         ],
         "every stale name seen, every real one and every non-name left alone"
     );

@@ -86,7 +86,7 @@ const CONFIRM_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// of `amq.direct`, which every vhost has and none can delete): the client's own view
 /// of a channel lags the broker's by up to a heartbeat timeout when a link stalls.
 /// While the broker has the channel open, the deliveries it holds unacked are given to
-/// no other consumer. No answer within [`CONFIRM_OPEN_TIMEOUT`] counts as closed.
+/// no other consumer. No answer within `CONFIRM_OPEN_TIMEOUT` counts as closed.
 pub async fn channel_confirmed_open(channel: &Channel) -> bool {
     let declare = channel.exchange_declare(
         "amq.direct".into(),
@@ -205,7 +205,7 @@ async fn connect_one(config: &AmqpConfig, url: &str, name: &str) -> Result<Conne
 ///
 /// With `amqp.command_partitions` = N > 1 the commands exchange feeds the route queue
 /// [`route_queue`] instead of the one commands queue, and the router forwards each
-/// command to one of the N queues [`partition_queue`] (see [`declare_partitions`]);
+/// command to one of the N queues [`partition_queue`] (see `declare_partitions`);
 /// everything else is as with one queue.
 pub async fn declare_topology(channel: &Channel, config: &AmqpConfig) -> lapin::Result<()> {
     let durable = ExchangeDeclareOptions {

@@ -3,7 +3,7 @@
 //! endpoints, live events as server-sent events, and the web dashboard at `/`.
 //!
 //! Every mutation goes through [`Store`] (the same Lua scripts as the bridge), sends a
-//! [`Event::Command`] to the feed and counts `redisched_commands{op,outcome}`.
+//! [`crate::feed::Event::Command`] to the feed and counts `redisched_commands{op,outcome}`.
 //! With `http.token` set, every endpoint that changes or shows job data needs a token
 //! (`auth.rs` holds the one policy table); `/healthz` and `/readyz` stay open.
 //!

@@ -82,7 +82,7 @@ impl Ingest {
     ///
     /// First the commands queues of another topology (`amqp.command_partitions`
     /// changed) are drained: unbound, consumed until empty and deleted, before any queue
-    /// of this one is consumed (see [`Ingest::previous_topology`]). Then one lane per
+    /// of this one is consumed (see `Ingest::previous_topology`). Then one lane per
     /// queue: the commands queue, or each of the command partitions, all on this
     /// connection, each with its own channels, epoch and fence.
     pub async fn run(

@@ -81,7 +81,7 @@ pub fn payload_cap() -> Targets {
 
 /// Installs the global subscriber. Call once, early in `main` (inside the runtime: the
 /// exporter sends from it). With an OTLP endpoint ([`traces_endpoint`]) the spans of
-/// [`spans`] are exported too; the returned [`Telemetry`] flushes them at shutdown.
+/// `spans.rs` are exported too; the returned [`Telemetry`] flushes them at shutdown.
 pub fn init(log: &LogConfig, telemetry: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
     let filter = filter(log)?;
     let env = |name: &str| std::env::var(name).ok();
