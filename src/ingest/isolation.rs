@@ -11,11 +11,17 @@
 //! returned messages before newer ones, so by then every command the failed window
 //! returned was acked, and a valid command gains at most one delivery per unparseable
 //! message met at the normal prefetch.
+//!
+//! A consumer may meet the end of its connection elsewhere than at its next delivery (a
+//! batch in flight finds its channel closed, an ack or a set-aside fails): [`why_ended`]
+//! then reads the cause from the consumer, which lapin gave the connection's error
+//! after the deliveries it still held, so that end isolates the message too.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::time::Duration;
 
-use lapin::Connection;
+use futures_util::StreamExt;
+use lapin::{Channel, Connection, Consumer};
 
 use crate::amqp::{self, AmqpError};
 use crate::config::AmqpConfig;
@@ -71,6 +77,42 @@ impl Isolation {
         }
     }
 }
+
+/// How a consumer's session ended, told by what ended its connection: when `channel` (the
+/// consumer's) is no longer open and `ended` is not already an unparseable message's end,
+/// the deliveries the consumer still holds are read past (none is acked: the broker
+/// returns them) to the error lapin gave it; if that error is a message the client
+/// library cannot parse, that is the session's end. Otherwise `ended` as it was (an open
+/// channel: shutdown, recovered, handed over; or a connection lost for another reason).
+pub(super) async fn why_ended<T>(
+    ended: Result<T, AmqpError>,
+    channel: &Channel,
+    consumer: &mut Consumer,
+) -> Result<T, AmqpError> {
+    if channel.status().connected() || ended.as_ref().is_err_and(AmqpError::is_unparseable) {
+        return ended;
+    }
+    // lapin marks the channel closed just before it hands its consumers the error (behind
+    // the deliveries they hold), so the error may be a moment away; a consumer that
+    // ended otherwise ends its stream.
+    let cause = tokio::time::timeout(CAUSE_WAIT, async {
+        loop {
+            match consumer.next().await {
+                Some(Ok(_held)) => {}
+                Some(Err(err)) => return Some(AmqpError::from(err)),
+                None => return None,
+            }
+        }
+    })
+    .await;
+    match cause {
+        Ok(Some(err)) if err.is_unparseable() => Err(err),
+        _ => ended,
+    }
+}
+
+/// How long [`why_ended`] waits for a closed channel's consumer to be given its error.
+const CAUSE_WAIT: Duration = Duration::from_secs(1);
 
 /// A careful session looks at its queue once nothing came for this long with nothing in
 /// hand ...

@@ -31,7 +31,7 @@ use lapin::{Confirmation, Connection};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::isolation::{Careful, ISOLATION_IDLE};
+use super::isolation::{why_ended, Careful, ISOLATION_IDLE};
 use crate::amqp::{self, AmqpError};
 use crate::config::AmqpConfig;
 
@@ -133,6 +133,9 @@ pub async fn route_commands(
             }
         }
     };
+    // An end met while forwarding or acking is an unparseable message's when that is what
+    // ended the connection (`isolation.rs`).
+    let ended = why_ended(ended, &input, &mut consumer).await;
     // No basic.cancel first (see `session.rs`): closing the channel returns what it
     // holds unacked and hands the route queue over in one step.
     amqp::close_quietly("router channels", async {

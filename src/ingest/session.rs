@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::batch::{AppliedBatch, Apply, Epoch};
 use super::decode::{JobKey, Received, Rules};
-use super::isolation::{Careful, ISOLATION_IDLE};
+use super::isolation::{why_ended, Careful, ISOLATION_IDLE};
 use super::lane::{Doing, HandOver, Lane, DRAIN_IDLE, HANDOVER_QUIET};
 use super::Ingest;
 use crate::amqp::{self, AmqpError};
@@ -171,31 +171,38 @@ impl<'a> Session<'a> {
     }
 
     /// The session, step by step, until it ends; then its channels are closed (not on
-    /// an error: the connection ends with it).
+    /// an error: the connection ends with it). An end met inside a batch (its channel
+    /// closed under the apply, a failed ack or set-aside) is an unparseable message's
+    /// when that is what ended the connection (`isolation.rs`, [`why_ended`]).
     async fn run(mut self) -> Result<Ended, AmqpError> {
-        let ended = loop {
+        let ended = self.steps().await;
+        let ended = why_ended(ended, &self.channel, &mut self.consumer).await?;
+        self.close().await;
+        Ok(ended)
+    }
+
+    async fn steps(&mut self) -> Result<Ended, AmqpError> {
+        loop {
             self.apply();
             let idle = self.held.is_none() && self.in_flight.is_empty();
             if let Some(ended) = self.ends(idle) {
-                break ended;
+                return Ok(ended);
             }
             match self.next(idle).await {
                 Next::Shutdown => self.draining = true,
                 Next::Applied(Some(applied)) => self.answer(applied).await?,
-                Next::Applied(None) => break Ended::Done,
+                Next::Applied(None) => return Ok(Ended::Done),
                 Next::Delivery(delivery) => self.take(delivery)?,
                 Next::Silence => {
                     let queue = &self.lane.queue;
                     if self.careful.queue_empty(self.connection, queue).await? {
-                        break Ended::Recovered;
+                        return Ok(Ended::Recovered);
                     }
                 }
-                Next::Drained => break Ended::Done,
+                Next::Drained => return Ok(Ended::Done),
                 Next::LookAgain => {}
             }
-        };
-        self.close().await;
-        Ok(ended)
+        }
     }
 
     /// Apply: the batch taken (or the `delete-prefix` put aside) goes to Redis, unless it

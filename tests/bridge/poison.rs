@@ -238,7 +238,8 @@ async fn deeply_nested_headers_are_set_aside_and_the_bridge_stays_up() {
     broker.cleanup().await;
 }
 
-async fn non_utf8_message_id(label: &str, bridge_first: bool, partitions: u16) {
+/// `ahead` valid commands are published before the unparseable one, 20 after it.
+async fn non_utf8_message_id(label: &str, bridge_first: bool, partitions: u16, ahead: usize) {
     let mut config = bridge_config(label);
     config.amqp.command_partitions = partitions;
     let broker = Broker::new(&config).await;
@@ -252,8 +253,10 @@ async fn non_utf8_message_id(label: &str, bridge_first: bool, partitions: u16) {
             .is_some());
         bridge = Some(child);
     }
-    let (ids, valid) = puts("after", 20);
-    let mut specs = vec![serde_json::json!({"kind": "raw-id", "id": "bad-\u{ff}\u{fe}-id"})];
+    let (mut ids, mut specs) = puts("ahead", ahead);
+    specs.push(serde_json::json!({"kind": "raw-id", "id": "bad-\u{ff}\u{fe}-id"}));
+    let (after, valid) = puts("after", 20);
+    ids.extend(after);
     specs.extend(valid);
     publish(&config, serde_json::Value::Array(specs));
     let started = Instant::now();
@@ -261,7 +264,7 @@ async fn non_utf8_message_id(label: &str, bridge_first: bool, partitions: u16) {
         .unwrap_or_else(|| ChildBridge::start_logging(&config, Stdio::null(), Stdio::inherit()));
     let pid = bridge.pid();
     let took = applied(&config, &ids, Duration::from_secs(120)).await;
-    assert!(took.is_some(), "all 20 valid commands applied");
+    assert!(took.is_some(), "all {} valid commands applied", ids.len());
     let aside = invalid(&config, 1, Duration::from_secs(60)).await;
     println!(
         "{label}: 20 valid applied after {:?}; the unparseable one set aside after {:?}: {aside:?}",
@@ -292,13 +295,13 @@ async fn non_utf8_message_id(label: &str, bridge_first: bool, partitions: u16) {
 async fn an_unparseable_command_sent_while_the_bridge_was_stopped_does_not_sink_the_ones_behind_it()
 {
     let _shared = common::timed::shared().await;
-    non_utf8_message_id("utf8stopped", false, 1).await;
+    non_utf8_message_id("utf8stopped", false, 1, 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unparseable_command_sent_to_a_consuming_bridge_does_not_sink_the_ones_behind_it() {
     let _shared = common::timed::shared().await;
-    non_utf8_message_id("utf8live", true, 1).await;
+    non_utf8_message_id("utf8live", true, 1, 0).await;
 }
 
 /// Partitioned: such a message stops at the router (the route queue's consumer), which
@@ -306,5 +309,16 @@ async fn an_unparseable_command_sent_to_a_consuming_bridge_does_not_sink_the_one
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unparseable_command_does_not_sink_the_ones_behind_it_at_the_router() {
     let _shared = common::timed::shared().await;
-    non_utf8_message_id("utf8routed", false, 4).await;
+    non_utf8_message_id("utf8routed", false, 4, 0).await;
+}
+
+/// Valid commands ahead of the unparseable one in the same window: the session applying
+/// them meets the connection's end inside the batch (the channel closed under the apply,
+/// or the ack, or a set-aside), not at the next delivery. That end must isolate the message
+/// too: ending as a plain lost connection reopened the full window each time, and every
+/// valid command in it reached the delivery limit along with the unparseable one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unparseable_command_behind_valid_ones_in_one_window_does_not_sink_them() {
+    let _shared = common::timed::shared().await;
+    non_utf8_message_id("utf8ahead", false, 1, 300).await;
 }
