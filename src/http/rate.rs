@@ -171,4 +171,47 @@ mod tests {
             );
         }
     }
+
+    /// The document's bounds and the server's agree at the edges: the bound itself is
+    /// accepted, the nearest double beyond it refused, written as schemathesis writes it
+    /// (Python's shortest repr, which Rust's `{:?}` matches) and as a longer decimal of
+    /// that double. Seed 1092975877 sent `1000000.0000000001`: the JSON parser rounded it
+    /// down to 1000000 unless it parses floats exactly (serde_json's `float_roundtrip`).
+    #[test]
+    fn max_per_second_is_refused_exactly_beyond_the_documents_bounds() {
+        let doc: Value = serde_json::from_str(include_str!("openapi.json")).expect("document");
+        let schema = &doc["components"]["schemas"]["RateLimitRequest"]["properties"];
+        let rate = &schema["max_per_second"];
+        let (min, max) = (rate["minimum"].as_f64(), rate["maximum"].as_f64());
+        let (Some(min), Some(max)) = (min, max) else {
+            panic!("the document bounds max_per_second: {rate}");
+        };
+        let body = |text: &str| format!(r#"{{"max_per_second": {text}}}"#);
+        for inside in [min, max] {
+            let limit = parse_limit(body(&format!("{inside:?}")).as_bytes());
+            assert!(limit.is_ok(), "{inside:?} is within the document's bounds");
+        }
+        let beyond = [
+            "1000000.0000000001".to_string(),
+            format!("{:?}", max.next_up()),
+            "0.0009999999999999999".to_string(),
+            format!("{:?}", min.next_down()),
+        ];
+        for text in beyond {
+            let err = parse_limit(body(&text).as_bytes()).expect_err(&text);
+            assert!(
+                err.message.contains(&format!(
+                    "{}..={}",
+                    crate::policy::MIN_RATE,
+                    crate::policy::MAX_RATE
+                )),
+                "{text}: {}",
+                err.message
+            );
+        }
+        assert_eq!(
+            (min, max),
+            (crate::policy::MIN_RATE, crate::policy::MAX_RATE)
+        );
+    }
 }

@@ -1400,3 +1400,43 @@ async fn a_write_from_an_older_ingest_epoch_is_refused_and_writes_nothing() {
     let applied = store.apply_fenced(&[elsewhere], old).await.unwrap();
     assert!(applied[0].is_ok(), "{applied:?}");
 }
+
+// ----------------------------------------------------------------------- rate_limit
+
+/// `rate_limit.lua` takes the document's bounds (`RateLimitRequest.max_per_second`,
+/// 0.001..=1000000) inclusively and compares the parsed decimal: the bounds themselves
+/// are stored, the nearest decimals beyond them refused with the header's error.
+#[tokio::test]
+async fn rate_limit_takes_its_bounds_inclusively_and_refuses_beyond_them() {
+    let store = test_store().await;
+    let t = topic("rate.edges");
+    let keys = store.keys().limited(&t);
+    for rate in ["1000000", "1000000.0", "0.001", "0.0010"] {
+        raw_script("rate_limit", &keys, &[b"set", rate.as_bytes(), b"1"])
+            .unwrap_or_else(|err| panic!("{rate} is within the bounds: {err}"));
+        let stored: Option<Vec<u8>> = raw_redis().hget(&keys[8], "max_per_second").expect("HGET");
+        assert_eq!(stored.as_deref(), Some(rate.as_bytes()));
+    }
+    for rate in [
+        "1000000.000001",
+        "1000000.0000000001",
+        "0.000999999",
+        "1e6",
+        "-1",
+        "",
+    ] {
+        let refused = rejection(raw_script(
+            "rate_limit",
+            &keys,
+            &[b"set", rate.as_bytes(), b"1"],
+        ));
+        assert_eq!(refused.code, RejectCode::InvalidArgument, "{rate:?}");
+        assert!(
+            refused
+                .message
+                .contains("max_per_second must be a decimal 0.001..1000000"),
+            "{rate:?}: {}",
+            refused.message
+        );
+    }
+}
