@@ -172,13 +172,7 @@ async fn put_job_traced(
                 q.jitter.as_deref(),
                 explicit.then_some(due),
             )?;
-            let expires_after = match q.expires_after.as_deref().map(str::trim) {
-                None | Some("") => None,
-                Some(text) => Some(
-                    crate::job::expiry::parse_ms("expires_after", text)
-                        .map_err(|e| ApiError::bad_request(e.0))?,
-                ),
-            };
+            let expires_after = parse_expires_after(q.expires_after.as_deref())?;
             Ok((put_mode(&q)?, due, recurrence, q.url, expires_after))
         });
     let (mode, due, recurrence, url, expires_after) = match parsed {
@@ -607,6 +601,22 @@ pub(super) async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiEr
     Ok(bytes)
 }
 
+/// `expires_after`: ASCII digits only, as the document's integer schema has it (an empty
+/// value or a sign is refused, not read as absent), then the expiry's range.
+fn parse_expires_after(raw: Option<&str>) -> Result<Option<u64>, ApiError> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    let ms = parse_count(raw).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "expires_after must be a whole number of milliseconds after the due time (0 = never), got {raw:?}"
+        ))
+    })?;
+    crate::job::expiry::check_ms("expires_after", i128::from(ms))
+        .map(Some)
+        .map_err(|e| ApiError::bad_request(e.0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -654,7 +664,16 @@ mod tests {
         assert_eq!(parse_count("007"), Some(7));
         for bad in ["", "-1", "+1", " 1", "1.0", "x"] {
             assert_eq!(parse_count(bad), None, "{bad:?}");
+            // Seed 7 sent `expires_after=`: read as absent, the job was created (201).
+            let err = parse_expires_after(Some(bad)).expect_err(bad);
+            assert!(err.message.contains("expires_after"), "{}", err.message);
         }
+        assert_eq!(parse_expires_after(None).ok(), Some(None));
+        assert_eq!(parse_expires_after(Some("0")).ok(), Some(Some(0)));
+        assert!(
+            parse_expires_after(Some("1000000000001")).is_err(),
+            "over the maximum"
+        );
     }
 
     #[test]
