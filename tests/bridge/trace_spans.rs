@@ -48,6 +48,14 @@ async fn webhook_requests_carry_the_stored_traceparent_whatever_forward_headers_
     let base = with_api(&mut config);
     with_hook(&mut config, &receiver);
     assert!(!config.targets[0].forward_headers);
+    // A second target forwards the AMQP headers: the real ones are there as well.
+    config.targets.push(TargetConfig {
+        name: "forwarding".into(),
+        topics: vec!["fwd".into()],
+        forward_headers: true,
+        ..config.targets[0].clone()
+    });
+    config.validate().expect("valid test config");
     let broker = Broker::new(&config).await;
     let bridge = InProcess::start(&config);
     wait_for_api(&base).await;
@@ -57,12 +65,15 @@ async fn webhook_requests_carry_the_stored_traceparent_whatever_forward_headers_
         .put("hook", "amqp-1", b"x", &traced(&from_amqp, "rojo=1"))
         .await;
     broker.put("hook", "plain-1", b"x", &[]).await;
+    broker
+        .put("fwd", "fwd-1", b"x", &traced(&from_amqp, "rojo=1"))
+        .await;
     let from_rest = traceparent(REST_TRACE, HOOK_PARENT);
     let status = rest_put(&base, "hook", "rest-1", 0, &[("traceparent", &from_rest)]).await;
     assert_eq!(status, 201);
 
-    let got = receiver.wait_for(3, 15 * SECOND).await;
-    assert_eq!(got.len(), 3, "{got:#?}");
+    let got = receiver.wait_for(4, 15 * SECOND).await;
+    assert_eq!(got.len(), 4, "{got:#?}");
     let by_id = |id: &str| {
         got.iter()
             .find(|r| r.header("x-redisched-id").as_deref() == Some(id))
@@ -70,12 +81,19 @@ async fn webhook_requests_carry_the_stored_traceparent_whatever_forward_headers_
     };
     // Export off: the stored context unchanged, as real request headers.
     let amqp = by_id("amqp-1");
-    assert_eq!(amqp.header("traceparent"), Some(from_amqp));
+    assert_eq!(amqp.header("traceparent"), Some(from_amqp.clone()));
     assert_eq!(amqp.header("tracestate").as_deref(), Some("rojo=1"));
     assert_eq!(amqp.header("x-redisched-header-traceparent"), None);
     let rest = by_id("rest-1");
     assert_eq!(rest.header("traceparent"), Some(from_rest));
     assert_eq!(rest.header("tracestate"), None);
+    let forwarded = by_id("fwd-1");
+    assert_eq!(forwarded.header("traceparent"), Some(from_amqp.clone()));
+    assert_eq!(forwarded.header("tracestate").as_deref(), Some("rojo=1"));
+    assert_eq!(
+        forwarded.header("x-redisched-header-traceparent"),
+        Some(from_amqp.clone())
+    );
     let plain = by_id("plain-1");
     assert_eq!(plain.header("traceparent"), None, "none stored, none sent");
     assert_eq!(plain.header("tracestate"), None);
