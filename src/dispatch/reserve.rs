@@ -75,7 +75,7 @@ impl Core<'_> {
                     .inc_by(batch.corrupt.len() as u64);
                 tracing::error!(%topic, ids = ?batch.corrupt, "scheduled ids with missing or unreadable records taken off the schedule; run `redisched check`");
             }
-            let jobs = self.triage(topic, batch.jobs).await;
+            let jobs = self.triage(topic, batch.jobs, batch.throttled > 0).await;
             reserved.push((topic.clone(), jobs));
         }
         Ok(reserved)
@@ -84,7 +84,12 @@ impl Core<'_> {
     /// The jobs of `topic` to deliver: each with its ticket, unless its series cannot
     /// go on (failed with backoff) or it expired (set aside, by the server's clock as
     /// just read by the reserve).
-    async fn triage(&self, topic: &Topic, jobs: Vec<ReservedJob>) -> Vec<Reserved> {
+    async fn triage(
+        &self,
+        topic: &Topic,
+        jobs: Vec<ReservedJob>,
+        throttled: bool,
+    ) -> Vec<Reserved> {
         let set_aside = &self.dispatcher.set_aside;
         let mut deliver = Vec::with_capacity(jobs.len());
         for job in jobs {
@@ -97,7 +102,7 @@ impl Core<'_> {
                     continue;
                 }
             };
-            let mut reserved = Reserved::new(job, ticket);
+            let mut reserved = Reserved::new(job, ticket, throttled);
             match set_aside.expired(&mut reserved, self.dispatcher.clock.now()) {
                 Some(ms) => set_aside.take(reserved, ms, self.settler),
                 None => deliver.push(reserved),

@@ -23,6 +23,7 @@ use lapin::{BasicProperties, Channel, Connection};
 use tokio::sync::mpsc::{self, UnboundedSender};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::AbortOnDropHandle;
+use tracing::Span;
 
 use super::amqp::confirm::{Confirmer, InFlight};
 use super::amqp::publish::{outgoing_properties, publish};
@@ -137,6 +138,7 @@ impl SetAside {
                         key,
                         confirm,
                         permit,
+                        span: Span::none(),
                     };
                     if !flight.hand_to(&publisher.confirms, &settler.metrics) {
                         tracing::warn!(%topic, id = %job.id, "the set-aside's confirmer has stopped; the expired job waits for its requeue");
@@ -229,7 +231,8 @@ fn expired_properties(
     due_at: i64,
     ms: u64,
 ) -> BasicProperties {
-    let props = outgoing_properties(topic.as_str(), job, stored, due_at);
+    // Not a delivery: no span of its own, the stored context as it is.
+    let props = outgoing_properties(topic.as_str(), job, stored, due_at, &Span::none());
     let mut table = props.headers().clone().unwrap_or_default();
     table.insert(
         headers::ERROR.into(),

@@ -8,6 +8,7 @@ use crate::job::meta::{decode_meta, jitter_of};
 use crate::job::schedule::Schedule;
 use crate::job::Topic;
 use crate::store::{Lease, ReservedJob};
+use crate::telemetry::{self, Via};
 
 /// What settling one reserved job needs, whichever sink delivers it.
 #[derive(Debug, Clone)]
@@ -117,14 +118,32 @@ pub struct Reserved {
     pub ticket: Ticket,
     /// Its stored properties, once decoded (the expiry check may have needed them).
     props: Option<AMQPProperties>,
+    /// The reserve call that took it held due jobs of its topic back (rate limit).
+    throttled: bool,
 }
 
 impl Reserved {
-    pub(crate) fn new(job: ReservedJob, ticket: Ticket) -> Self {
+    pub(crate) fn new(job: ReservedJob, ticket: Ticket, throttled: bool) -> Self {
         Self {
             job,
             ticket,
             props: None,
+            throttled,
+        }
+    }
+
+    /// This attempt as its delivery span describes it (`telemetry::delivery_span`).
+    pub(crate) fn attempt_via<'a>(&'a self, via: Via<'a>) -> telemetry::Delivery<'a> {
+        let (job, ticket) = (&self.job, &self.ticket);
+        telemetry::Delivery {
+            via,
+            topic: ticket.lease.topic.as_str(),
+            id: &job.id,
+            attempt: job.attempt,
+            due_at: ticket.due_at,
+            scheduled_at: ticket.schedule.as_ref().map(|_| ticket.scheduled_at),
+            reserved_at: job.reserved_at,
+            throttled: self.throttled,
         }
     }
 

@@ -18,6 +18,7 @@ use crate::amqp::AmqpError;
 use crate::feed::Event;
 use crate::job::headers;
 use crate::store::{Applied, Op, PutStatus};
+use crate::telemetry;
 
 /// How one delivery ended, before it is acked (the history's outcome is
 /// `store::Outcome`).
@@ -66,7 +67,17 @@ impl Ingest {
                 .collect(),
         };
         let mut set_aside: Vec<PublisherConfirm> = Vec::new();
-        for (Received { delivery, envelope }, verdict) in batch.iter().zip(verdicts) {
+        for (received, verdict) in batch.iter().zip(verdicts) {
+            let Received {
+                delivery,
+                envelope,
+                span,
+            } = received;
+            let failure = match &verdict {
+                Verdict::Invalid(reason) => Some(reason.as_str()),
+                _ => None,
+            };
+            telemetry::record_outcome(span, verdict_name(&verdict), failure);
             self.record(envelope, &verdict);
             self.reply(side, envelope, &verdict).await;
             if let Verdict::Invalid(reason) = &verdict {

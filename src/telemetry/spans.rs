@@ -239,13 +239,13 @@ pub fn record_http_status(span: &Span, status: u16) {
 
 /// The trace context a delivered job carries: the span's own while exported (its trace
 /// is the stored one's, so the consumer stays in the producer's trace), else `stored`.
-pub fn outgoing(span: &Span, stored: Option<&TraceContext>) -> Option<TraceContext> {
+pub fn outgoing(span: &Span, stored: Option<TraceContext>) -> Option<TraceContext> {
     if enabled() {
         if let Some(own) = own_context(span) {
             return Some(own);
         }
     }
-    stored.cloned()
+    stored
 }
 
 /// Writes the attempt's own context into the headers of the message being published, in
@@ -259,15 +259,11 @@ pub fn inject_amqp(span: &Span, table: &mut FieldTable) {
     }
 }
 
-/// Sets `traceparent` (and `tracestate`, or removes it) on a webhook request to
-/// [`outgoing`]'s context; with none, the headers are left as they are.
-pub fn inject_http(
-    span: &Span,
-    stored: Option<&TraceContext>,
-    request_headers: &mut reqwest::header::HeaderMap,
-) {
+/// Sets `traceparent` (and `tracestate`, or removes it) on a webhook request to `cx`
+/// ([`outgoing`]'s context); with none, the headers are left as they are.
+pub fn inject_http(cx: Option<&TraceContext>, request_headers: &mut reqwest::header::HeaderMap) {
     use reqwest::header::HeaderValue;
-    let Some(cx) = outgoing(span, stored) else {
+    let Some(cx) = cx else {
         return;
     };
     // Both are checked ASCII, so they are valid header values.
@@ -422,13 +418,17 @@ mod tests {
         inject_amqp(&Span::none(), &mut after);
         assert_eq!(after, table);
         let cx = TraceContext::of_headers(&table);
-        assert_eq!(outgoing(&Span::none(), cx.as_ref()), cx);
+        assert_eq!(outgoing(&Span::none(), cx.clone()), cx);
         let mut request = reqwest::header::HeaderMap::new();
-        inject_http(&Span::none(), cx.as_ref(), &mut request);
+        request.insert("tracestate", "stale=1".parse().unwrap());
+        inject_http(cx.as_ref(), &mut request);
         assert_eq!(request.get("traceparent").unwrap(), PRODUCER);
         assert_eq!(request.get("tracestate").unwrap(), "rojo=00f067aa0ba902b7");
+        let bare = TraceContext::parse(PRODUCER, None);
+        inject_http(bare.as_ref(), &mut request);
+        assert_eq!(request.get("tracestate"), None, "a stale tracestate goes");
         let mut untouched = reqwest::header::HeaderMap::new();
-        inject_http(&Span::none(), None, &mut untouched);
+        inject_http(None, &mut untouched);
         assert!(untouched.is_empty());
     }
 

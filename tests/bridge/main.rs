@@ -28,6 +28,7 @@ mod scale;
 mod subscription;
 mod third_sink;
 mod trace_context;
+mod trace_spans;
 mod webhook_identity;
 mod webhook_urls;
 mod webhooks;

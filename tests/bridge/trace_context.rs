@@ -16,15 +16,15 @@ use serde_json::{json, Value};
 
 const SECOND: Duration = Duration::from_secs(1);
 /// A sender's context as a REST client would send it (the W3C recommendation's example).
-const REST_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
-const REST_PARENT: &str = "00f067aa0ba902b7";
+pub(super) const REST_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+pub(super) const REST_PARENT: &str = "00f067aa0ba902b7";
 
-fn traceparent(trace: &str, parent: &str) -> String {
+pub(super) fn traceparent(trace: &str, parent: &str) -> String {
     format!("00-{trace}-{parent}-01")
 }
 
 /// `config` with its HTTP API on a free loopback port; the API's base URL.
-fn with_api(config: &mut Config) -> String {
+pub(super) fn with_api(config: &mut Config) -> String {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -35,7 +35,7 @@ fn with_api(config: &mut Config) -> String {
     format!("http://127.0.0.1:{port}")
 }
 
-async fn wait_for_api(base: &str) {
+pub(super) async fn wait_for_api(base: &str) {
     let http = reqwest::Client::new();
     let deadline = Instant::now() + 20 * SECOND;
     while http.get(format!("{base}/healthz")).send().await.is_err() {
@@ -45,7 +45,7 @@ async fn wait_for_api(base: &str) {
 }
 
 /// `PUT /v1/topics/{topic}/jobs/{id}?delay_ms=` with these request headers; the status.
-async fn rest_put(
+pub(super) async fn rest_put(
     base: &str,
     topic: &str,
     id: &str,
@@ -299,22 +299,40 @@ async fn rest_and_seed_puts_store_their_traceparent_and_export_their_spans() {
         let parent = header_text(job, "traceparent");
         match message_id(job).as_str() {
             "traced" => {
-                // Dispatch makes no span of its own yet: the context goes out as given.
-                assert_eq!(parent.as_deref(), Some(given.as_str()));
+                // Exported: the delivery span's context, in the caller's trace, with
+                // the caller's tracestate (trace_spans.rs checks the span itself).
+                let parent = parent.expect("a traceparent");
+                assert!(parent.starts_with(&format!("00-{REST_TRACE}-")), "{parent}");
+                assert_ne!(
+                    parent, given,
+                    "the delivery attempt is the consumer's parent"
+                );
                 assert_eq!(
                     header_text(job, "tracestate").as_deref(),
                     Some("rojo=00f067aa0ba902b7")
                 );
             }
-            "seeded" => assert_eq!(parent.as_deref(), Some(seed_given.as_str())),
-            "untraced" => assert_eq!(parent, None, "an invalid traceparent is not stored"),
+            "seeded" => {
+                let parent = parent.expect("a traceparent");
+                assert!(parent.starts_with(&format!("00-{REST_TRACE}-")), "{parent}");
+                assert_ne!(parent, seed_given);
+            }
+            "untraced" => {
+                // The invalid one was not stored: the delivery span started a trace of
+                // its own, and the consumer joins that one.
+                let parent = parent.expect("the delivery span's context");
+                assert!(!parent.contains(REST_TRACE), "{parent}");
+                assert_eq!(header_text(job, "tracestate"), None);
+            }
             other => panic!("unexpected job {other}"),
         }
     }
 
     // The bridge's spans of the two traced puts, children of the callers' spans.
-    let is_ours =
-        |s: &Value, parent: &str| s["trace_id"] == REST_TRACE && s["parent_span_id"] == parent;
+    // (Their delivery spans share trace and parent: the put's is the server span.)
+    let is_ours = |s: &Value, parent: &str| {
+        s["trace_id"] == REST_TRACE && s["parent_span_id"] == parent && s["kind"] == "server"
+    };
     let spans = receiver
         .wait_for(10 * SECOND, |s| is_ours(s, seed_parent))
         .await;

@@ -24,12 +24,14 @@ use lapin::{Confirmation, PublisherConfirm};
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::Instant;
+use tracing::Span;
 
 use super::publish::ReturnKey;
 use crate::dispatch::settle::Settler;
 use crate::dispatch::ticket::Ticket;
 use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
+use crate::telemetry;
 
 /// Releases are batched up to this many per round trip.
 const RELEASE_BATCH: usize = 500;
@@ -52,6 +54,9 @@ pub(crate) struct InFlight {
     /// Returned to its window (the AMQP sink's, or the set-aside's) when the job is
     /// released or handed back.
     pub permit: OwnedSemaphorePermit,
+    /// The attempt's delivery span (`Span::none()` unless exported): ends once the job
+    /// was released or handed back, with how it went.
+    pub span: Span,
 }
 
 impl InFlight {
@@ -78,6 +83,7 @@ struct Acked {
     key: ReturnKey,
     permit: OwnedSemaphorePermit,
     seen: Instant,
+    span: Span,
 }
 
 /// Settles the publishes of one confirm channel.
@@ -146,6 +152,7 @@ impl Confirmer {
             key,
             confirm,
             permit,
+            span,
         } = flight;
         let confirmation = confirm.await;
         self.settler.metrics.publishes_in_flight.dec();
@@ -153,12 +160,13 @@ impl Confirmer {
             Ok(Confirmation::Ack(returned)) => {
                 let own = self.file_return(returned, key, settling).await;
                 match own.or_else(|| settling.ahead.remove(&key).map(|ahead| ahead.reply)) {
-                    Some(reply) => self.unroutable(&ticket, &reply).await,
+                    Some(reply) => self.unroutable(&ticket, &reply, &span).await,
                     None => settling.acked.push(Acked {
                         ticket,
                         key,
                         permit,
                         seen: Instant::now(),
+                        span,
                     }),
                 }
             }
@@ -173,6 +181,7 @@ impl Confirmer {
                 {
                     tracing::warn!(topic = %lease.topic, id = %lease.id, "broker nacked a job; kept and retried");
                 }
+                telemetry::record_outcome(&span, "nacked", Some("nack"));
                 self.settler.retry(&ticket, "nack", "nack").await;
             }
             Ok(Confirmation::NotRequested) | Err(_) => {
@@ -183,6 +192,7 @@ impl Confirmer {
                     Err(err) => format!("channel error: {err}"),
                     _ => "channel error: no publisher confirm".to_owned(),
                 };
+                telemetry::record_outcome(&span, "error", Some(&reason));
                 self.settler
                     .fail(&ticket.lease, Duration::ZERO, "error", &reason)
                     .await;
@@ -216,7 +226,7 @@ impl Confirmer {
         match settling.file(ReturnKey::of_returned(&returned), own, ahead) {
             Filed::Own(reply) => Some(reply),
             Filed::Acked(acked, reply) => {
-                self.unroutable(&acked.ticket, &reply).await;
+                self.unroutable(&acked.ticket, &reply, &acked.span).await;
                 None
             }
             Filed::Ahead => None,
@@ -224,7 +234,7 @@ impl Confirmer {
     }
 
     /// A job the broker returned: kept, its failure recorded, retried with backoff.
-    async fn unroutable(&self, ticket: &Ticket, reply: &str) {
+    async fn unroutable(&self, ticket: &Ticket, reply: &str, span: &Span) {
         let lease = &ticket.lease;
         if self
             .warnings
@@ -237,6 +247,7 @@ impl Confirmer {
             Some(_) => format!("expired, and unroutable: {reply}"),
             None => format!("unroutable: {reply}"),
         };
+        telemetry::record_outcome(span, "returned", Some(&reason));
         self.settler.retry(ticket, "unroutable", &reason).await;
     }
 
@@ -245,12 +256,21 @@ impl Confirmer {
     async fn release_settled(&self, settling: &mut Settling, now: Instant) {
         let (settled, orphans) = settling.settled(now);
         if !settled.is_empty() {
+            let mut spans = Vec::new();
             let (tickets, permits): (Vec<Ticket>, Vec<OwnedSemaphorePermit>) = settled
                 .into_iter()
-                .map(|acked| (acked.ticket, acked.permit))
+                .map(|acked| {
+                    if !acked.span.is_none() {
+                        spans.push(acked.span);
+                    }
+                    (acked.ticket, acked.permit)
+                })
                 .unzip();
             self.settler.release(&tickets).await;
             drop(permits);
+            for span in spans {
+                telemetry::record_outcome(&span, "confirmed", None);
+            }
         }
         for orphan in orphans {
             tracing::error!(topic = %orphan.topic, id = %orphan.id, reply = %orphan.reply, "the broker returned a job this bridge had already released as delivered; it may be lost");
@@ -338,6 +358,7 @@ mod tests {
                 .try_acquire_owned()
                 .expect("a free permit"),
             seen,
+            span: Span::none(),
         }
     }
 

@@ -16,23 +16,28 @@ use lapin::options::BasicPublishOptions;
 use lapin::protocol::basic::AMQPProperties;
 use lapin::types::{AMQPValue, LongString, ShortString};
 use lapin::{BasicProperties, Channel, PublisherConfirm};
+use tracing::Span;
 
 use crate::job::headers;
 use crate::job::meta::integer;
 use crate::job::Topic;
 use crate::store::ReservedJob;
+use crate::telemetry;
 
 /// The properties a due job is published with: its stored ones, persistent, with the
 /// job id as message_id and the `x-redisched-*` delivery headers. `due_at` is the time
 /// the job was due (a series occurrence's jittered time), `job.due_at` its scheduled
-/// time (`x-redisched-scheduled-at`).
+/// time (`x-redisched-scheduled-at`). While spans are exported, the trace context is
+/// the delivery `span`'s in place of the stored one (`telemetry::inject_amqp`).
 pub(crate) fn outgoing_properties(
     topic: &str,
     job: &ReservedJob,
     stored: AMQPProperties,
     due_at: i64,
+    span: &Span,
 ) -> BasicProperties {
     let mut table = stored.headers().clone().unwrap_or_default();
+    telemetry::inject_amqp(span, &mut table);
     table.insert(
         headers::TOPIC.into(),
         AMQPValue::LongString(LongString::from(topic.as_bytes().to_vec())),
@@ -166,7 +171,7 @@ mod tests {
             spec: None,
         };
         let due_at = job.due_at + 250;
-        let props = outgoing_properties("t", &job, Default::default(), due_at);
+        let props = outgoing_properties("t", &job, Default::default(), due_at, &Span::none());
         let known = [i64::from(job.attempt), due_at, job.due_at];
         assert_eq!(
             ReturnKey::of_publish("ready", "t", &props, known),

@@ -25,6 +25,7 @@ use crate::dispatch::ticket::Reserved;
 use crate::job::Topic;
 use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
+use crate::telemetry::{self, Via};
 
 /// The AMQP sink of one dispatch session.
 #[derive(Debug)]
@@ -108,9 +109,14 @@ impl AmqpSink {
         permit: OwnedSemaphorePermit,
     ) -> Result<(), (lapin::Error, Reserved)> {
         let stored = reserved.take_properties();
+        let exchange = Via::Amqp {
+            exchange: &self.exchange,
+        };
+        let span =
+            telemetry::delivery_span(stored.headers().as_ref(), &reserved.attempt_via(exchange));
         let (job, ticket) = (&reserved.job, &reserved.ticket);
         let topic = &ticket.lease.topic;
-        let props = outgoing_properties(topic.as_str(), job, stored, ticket.due_at);
+        let props = outgoing_properties(topic.as_str(), job, stored, ticket.due_at, &span);
         let published = publish(
             &lane.channel,
             &self.exchange,
@@ -121,13 +127,17 @@ impl AmqpSink {
         );
         let (key, confirm) = match published.await {
             Ok(published) => published,
-            Err(err) => return Err((err, reserved)),
+            Err(err) => {
+                telemetry::record_outcome(&span, "error", Some("channel error"));
+                return Err((err, reserved));
+            }
         };
         let flight = InFlight {
             ticket: reserved.ticket,
             key,
             confirm,
             permit,
+            span,
         };
         // The confirmer only stops after this sender is dropped, so it still listens.
         if !flight.hand_to(&lane.in_flight, &self.metrics) {

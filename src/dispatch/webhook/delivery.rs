@@ -8,12 +8,15 @@ use std::time::Duration;
 
 use hyper::body::Bytes;
 use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tracing::Span;
 
 use super::client::{Client, Delivered, Failure};
 use super::request::Outgoing;
 use crate::dispatch::settle::Settler;
 use crate::dispatch::ticket::{Reserved, Ticket};
+use crate::job::trace::TraceContext;
 use crate::metrics::TargetMeter;
+use crate::telemetry::{self, Via};
 
 /// A reserved job on its way to its target.
 pub(super) struct Delivery {
@@ -39,6 +42,11 @@ impl Delivery {
             releases,
         } = self;
         let props = reserved.take_properties();
+        let via = Via::Webhook {
+            target: &client.target.name,
+        };
+        let span = telemetry::delivery_span(props.headers().as_ref(), &reserved.attempt_via(via));
+        let trace = telemetry::outgoing(&span, TraceContext::of_props(&props));
         // Moved, not copied: the request shares these bytes.
         let body = Bytes::from(std::mem::take(&mut reserved.job.body));
         let Reserved { job, ticket, .. } = reserved;
@@ -50,9 +58,12 @@ impl Delivery {
             attempt: job.attempt,
             body: &body,
             props: &props,
+            trace: trace.as_ref(),
         };
         meter.started();
         let (result, took) = client.post(&outgoing).await;
+        record_answer(&span, &result);
+        drop(span);
         let seconds = took.as_secs_f64();
         let delivered = match result {
             Ok(delivered) => Some(answered(&meter, delivered, seconds, ticket)),
@@ -86,6 +97,22 @@ fn answered(meter: &TargetMeter, delivered: Delivered, seconds: f64, ticket: Tic
         note: format!("HTTP {}", delivered.status),
         ..ticket
     }
+}
+
+/// How the attempt ended, on its delivery span (nothing to do unless exported).
+fn record_answer(span: &Span, result: &Result<Delivered, Failure>) {
+    if span.is_none() {
+        return;
+    }
+    let (status, outcome, failure) = match result {
+        Ok(delivered) => (Some(delivered.status), "delivered", None),
+        Err(failure) if failure.is_refusal() => (failure.status, "parked", Some(failure)),
+        Err(failure) => (failure.status, "retried", Some(failure)),
+    };
+    if let Some(status) = status {
+        telemetry::record_http_status(span, status);
+    }
+    telemetry::record_outcome(span, outcome, failure.map(|f| f.reason.as_str()));
 }
 
 /// The failure's HTTP status, or its code when there was no answer.

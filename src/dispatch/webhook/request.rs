@@ -11,7 +11,9 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 
 use super::sign::{signature, webhook_id};
 use crate::job::headers;
+use crate::job::trace::TraceContext;
 use crate::targets::{BodyMode, TargetConfig};
+use crate::telemetry;
 
 /// The request header carrying the job's own URL (`allowed_url_prefixes`): never
 /// forwarded.
@@ -28,8 +30,9 @@ const SCHEDULED_AT: HeaderName = HeaderName::from_static(headers::SCHEDULED_AT);
 const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
 const WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
 const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
-/// Headers a request adds to the target's own (forwarded ones aside): no regrowth.
-const OWN_HEADERS: usize = 9;
+/// Headers a request adds to the target's own (forwarded ones aside, the trace context
+/// counted): no regrowth.
+const OWN_HEADERS: usize = 11;
 
 /// One due job as the transport sees it.
 #[derive(Debug)]
@@ -45,10 +48,13 @@ pub(super) struct Outgoing<'a> {
     pub(super) body: &'a Bytes,
     /// The job's stored AMQP properties (content type, forwarded headers, its URL).
     pub(super) props: &'a AMQPProperties,
+    /// The trace context the request carries as `traceparent` / `tracestate`
+    /// (`telemetry::outgoing`), whatever `forward_headers` says.
+    pub(super) trace: Option<&'a TraceContext>,
 }
 
-/// The request's headers: the target's own (`extra`), the forwarded ones, the
-/// job's (`x-redisched-*`) and the Standard Webhooks id, timestamp and signature of
+/// The request's headers: the target's own (`extra`), the forwarded ones, the trace
+/// context, the job's (`x-redisched-*`) and the Standard Webhooks id, timestamp and signature of
 /// `body` (one per key of `keys`). Each is inserted in that order, a later one
 /// replacing an earlier of its name.
 pub(super) fn headers(
@@ -68,6 +74,7 @@ pub(super) fn headers(
     if target.forward_headers {
         forward(job.props, &mut map);
     }
+    telemetry::inject_http(job.trace, &mut map);
     let content_type = match (target.body_mode(), job.props.content_type()) {
         (BodyMode::Seed, _) => Ok(HeaderValue::from_static("application/json")),
         (BodyMode::Raw, Some(ct)) => HeaderValue::from_str(ct.as_str()),

@@ -26,10 +26,12 @@ mod when;
 use lapin::message::Delivery;
 use lapin::types::ShortString;
 use lapin::BasicProperties;
+use tracing::Span;
 
 use crate::job::headers;
 use crate::job::meta::job_id;
 use crate::store::Limits;
+use crate::telemetry;
 pub(super) use delete_prefix::decode_prefix_delete;
 pub(super) use put::decode_command;
 pub use put::decode_parts;
@@ -110,13 +112,26 @@ pub(super) struct Received {
     /// Acked once applied; republished as it came when set aside.
     pub delivery: Delivery,
     pub envelope: Envelope,
+    /// Its ingest span, a child of the producer's (`Span::none()` unless exported):
+    /// open from the take to the answer, which records the outcome.
+    pub span: Span,
 }
 
 impl Received {
     pub(super) fn of(delivery: Delivery) -> Self {
+        let envelope = Envelope::of(&delivery);
+        let span = telemetry::ingest_span(
+            delivery.properties.headers().as_ref(),
+            &telemetry::Ingest {
+                exchange: delivery.exchange.as_str(),
+                routing_key: &envelope.topic,
+                message_id: envelope.id.as_deref(),
+            },
+        );
         Self {
-            envelope: Envelope::of(&delivery),
+            envelope,
             delivery,
+            span,
         }
     }
 
