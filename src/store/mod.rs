@@ -58,7 +58,7 @@ pub use ops::{
     Applied, Batch, CheckReport, Command, Delivered, DueHistogram, Expired, HistoryEntry, JobInfo,
     JobSummary, ListWhich, NextDue, Noted, Op, Outcome, PrefixStep, Problem, PutOutcome,
     PutRequest, PutStatus, RateSource, RateState, RecordedPartitions, Redriven, Requeued,
-    ReservedJob, RetryOutcome, TopicStats, WindowStep, CHECK_STEP, MAX_HISTOGRAM_BUCKETS,
+    ReservedJob, RetryOutcome, TopicStats, HealthOp, TargetHealth, WindowStep, CHECK_STEP, MAX_HISTOGRAM_BUCKETS,
     MAX_HISTOGRAM_WINDOW_MS, PREFIX_STEP,
 };
 use registry::TopicRegistry;
