@@ -139,7 +139,9 @@ pub enum Input {
         lease_ms: i64,
     },
     /// The probe's outcome.
-    Probe { ok: bool },
+    Probe {
+        ok: bool,
+    },
     /// The target's own URL answered 410 Gone.
     Gone,
     Enable,
@@ -148,7 +150,12 @@ pub enum Input {
 
 /// Applies `input` at `now`; returns the changes made (`to` names, in order) and
 /// whether this call claimed the probe.
-pub fn step(h: &mut Health, cfg: &BreakerConfig, input: Input, now: i64) -> (Vec<&'static str>, bool) {
+pub fn step(
+    h: &mut Health,
+    cfg: &BreakerConfig,
+    input: Input,
+    now: i64,
+) -> (Vec<&'static str>, bool) {
     let mut changes = Vec::new();
     let mut claimed = false;
     let window = i64::try_from(cfg.window_ms).unwrap_or(i64::MAX);
@@ -276,10 +283,24 @@ mod tests {
         let (mut h, c) = (Health::default(), cfg());
         step(&mut h, &c, sync(0, 10, 0), 0);
         assert_eq!(step(&mut h, &c, sync(0, 0, 100), 499), (vec![], false));
-        assert_eq!(step(&mut h, &c, sync(0, 0, 100), 500), (vec!["half_open"], true));
-        assert_eq!(step(&mut h, &c, sync(0, 0, 100), 550), (vec![], false), "claimed");
-        assert_eq!(step(&mut h, &c, sync(0, 0, 100), 600), (vec![], true), "lease over");
-        assert_eq!(step(&mut h, &c, Input::Probe { ok: true }, 610).0, vec!["closed"]);
+        assert_eq!(
+            step(&mut h, &c, sync(0, 0, 100), 500),
+            (vec!["half_open"], true)
+        );
+        assert_eq!(
+            step(&mut h, &c, sync(0, 0, 100), 550),
+            (vec![], false),
+            "claimed"
+        );
+        assert_eq!(
+            step(&mut h, &c, sync(0, 0, 100), 600),
+            (vec![], true),
+            "lease over"
+        );
+        assert_eq!(
+            step(&mut h, &c, Input::Probe { ok: true }, 610).0,
+            vec!["closed"]
+        );
         assert_eq!((h.state, h.trips, h.requests), (State::Closed, 0, 0));
     }
 
@@ -288,12 +309,22 @@ mod tests {
         let (mut h, c) = (Health::default(), cfg());
         step(&mut h, &c, sync(0, 10, 0), 0);
         step(&mut h, &c, sync(0, 0, 100), 500);
-        assert_eq!(step(&mut h, &c, Input::Probe { ok: false }, 510).0, vec!["open"]);
+        assert_eq!(
+            step(&mut h, &c, Input::Probe { ok: false }, 510).0,
+            vec!["open"]
+        );
         assert_eq!((h.trips, h.opened_at), (2, 510));
         step(&mut h, &c, sync(0, 0, 100), 1010);
-        assert_eq!(step(&mut h, &c, Input::Probe { ok: false }, 1020).0, vec!["disabled"]);
+        assert_eq!(
+            step(&mut h, &c, Input::Probe { ok: false }, 1020).0,
+            vec!["disabled"]
+        );
         assert_eq!(h.state, State::Disabled);
-        assert_eq!(step(&mut h, &c, sync(0, 0, 100), 9999), (vec![], false), "stays");
+        assert_eq!(
+            step(&mut h, &c, sync(0, 0, 100), 9999),
+            (vec![], false),
+            "stays"
+        );
         assert_eq!(step(&mut h, &c, Input::Enable, 10_000).0, vec!["enabled"]);
         assert_eq!((h.state, h.trips), (State::Closed, 0));
     }
@@ -304,7 +335,10 @@ mod tests {
         step(&mut h, &c, sync(0, 10, 0), 0);
         step(&mut h, &c, sync(5, 5, 0), 10);
         assert_eq!((h.requests, h.failures), (10, 10), "not counted while open");
-        assert_eq!(step(&mut h, &c, Input::Probe { ok: true }, 20).0, Vec::<&str>::new());
+        assert_eq!(
+            step(&mut h, &c, Input::Probe { ok: true }, 20).0,
+            Vec::<&str>::new()
+        );
         assert_eq!(h.state, State::Open);
     }
 

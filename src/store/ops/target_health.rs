@@ -74,7 +74,13 @@ impl Store {
                 failures,
                 lease_ms,
                 reason,
-            } => ("sync", successes.to_string(), failures.to_string(), lease_ms, reason),
+            } => (
+                "sync",
+                successes.to_string(),
+                failures.to_string(),
+                lease_ms,
+                reason,
+            ),
             HealthOp::Probe { ok, reason } => {
                 let outcome = if ok { "ok" } else { "fail" };
                 ("probe", outcome.to_owned(), String::new(), 0, reason)
@@ -141,6 +147,7 @@ fn decode(target: &str, value: Value) -> Result<TargetHealth, StoreError> {
 }
 
 fn rfc3339(ms: i64) -> String {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    let at =
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
     humantime::format_rfc3339_millis(at).to_string()
 }
