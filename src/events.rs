@@ -40,8 +40,13 @@ pub async fn publish_events(
     mut changes: mpsc::Receiver<Change>,
     shutdown: CancellationToken,
 ) {
-    let mut link: Option<(Connection, Channel)> = None;
-    let mut attempt = 0usize;
+    // Declared at start (if the broker answers), so consumers can bind before the
+    // first change; a failure here is retried at the first event.
+    let mut attempt = 1usize;
+    let mut link = match tokio::time::timeout(PUBLISH_TIMEOUT, open(&config, attempt)).await {
+        Ok(Ok(opened)) => Some(opened),
+        _ => None,
+    };
     loop {
         let change = tokio::select! {
             () = shutdown.cancelled() => break,

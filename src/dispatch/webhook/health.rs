@@ -81,6 +81,9 @@ struct Local {
     /// Probe outcomes and 410s, sent in order at the next sync.
     ops: Vec<HealthOp>,
     last_sync: Option<Instant>,
+    /// Failures or outcomes are on their way to Redis: nothing more is sent until
+    /// the answer says whether they changed the state.
+    deciding: bool,
 }
 
 #[derive(Debug)]
@@ -129,6 +132,7 @@ impl Health {
                     last_failure: String::new(),
                     ops: Vec::new(),
                     last_sync: None,
+                    deciding: false,
                 }),
             })
             .collect();
@@ -147,6 +151,9 @@ impl Health {
             return Allow::Nothing;
         };
         let local = gate.lock();
+        if local.deciding {
+            return Allow::Nothing;
+        }
         match local.state {
             // Not yet synced: served as closed (the first sync follows at once).
             State::Closed => Allow::All,
@@ -276,6 +283,7 @@ impl Health {
         let (mut ops, sync) = {
             let mut local = gate.lock();
             let ops = std::mem::take(&mut local.ops);
+            let deciding = local.failures > 0 || !ops.is_empty();
             let reason = if local.failures > 0 {
                 format!("last failure: {}", local.last_failure)
             } else {
@@ -288,6 +296,7 @@ impl Health {
                 reason,
             };
             local.last_sync = Some(Instant::now());
+            local.deciding = deciding;
             (ops, sync)
         };
         ops.push(sync);
@@ -301,6 +310,7 @@ impl Health {
                     tracing::warn!(target = %gate.name, error = %err, "cannot sync the target's health with Redis; retried");
                     // Counts go back, to be sent with the next sync.
                     let mut local = gate.lock();
+                    local.deciding = false;
                     match op {
                         HealthOp::Sync {
                             successes,
@@ -327,7 +337,8 @@ impl Health {
             announce(change, metrics, self.events.as_ref());
         }
         let mut local = gate.lock();
-        let was_held = local.state != State::Closed && !local.claimed;
+        let was_held = (local.state != State::Closed && !local.claimed) || local.deciding;
+        local.deciding = false;
         local.state = answer.state;
         if answer.claimed {
             local.claimed = true;
