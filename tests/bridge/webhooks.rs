@@ -252,10 +252,11 @@ async fn jobs_wait_while_the_receiver_is_down_and_all_arrive_once_it_is_up() {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         probe.local_addr().unwrap()
     };
-    let mut config = config_with(
-        "hookdown",
-        vec![target("down", &["down"], format!("http://{addr}/r"))],
-    );
+    // Its breaker opens while the receiver is down; a short open_ms lets the probe
+    // find it up soon (target_health.rs checks the breaker itself).
+    let mut hook = target("down", &["down"], format!("http://{addr}/r"));
+    hook.breaker.open_ms = 500;
+    let mut config = config_with("hookdown", vec![hook]);
     config.dispatch.max_attempts = 0;
     let broker = Broker::new(&config).await;
     let bridge = InProcess::start(&config);
