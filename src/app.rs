@@ -59,7 +59,10 @@ pub async fn run_with(
     shutdown: CancellationToken,
 ) -> Result<(), AppError> {
     let config = Arc::new(config);
-    let routes = Arc::new(dispatch::routes(&config, sinks).map_err(AppError::Targets)?);
+    // The targets' state changes, published to `redisched.events` by a task of its own.
+    let (events, changes) = crate::events::queue();
+    let routes =
+        Arc::new(dispatch::routes(&config, sinks, Some(events)).map_err(AppError::Targets)?);
     let metrics = Arc::new(Metrics::new());
     let feed = Feed::new();
     let hints = Arc::new(DueHints::new());
@@ -92,6 +95,10 @@ pub async fn run_with(
                 tracing::error!(error = %err, "HTTP server stopped");
             }
         });
+    }
+    if !config.targets.is_empty() {
+        let (amqp, shutdown) = (config.amqp.clone(), shutdown.clone());
+        tasks.spawn(crate::events::publish_events(amqp, changes, shutdown));
     }
     let warnings = Arc::new(LogThrottle::default());
     spawn_background(

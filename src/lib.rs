@@ -17,6 +17,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod dispatch;
+pub mod events;
 pub mod feed;
 pub mod http;
 pub mod ingest;

@@ -1,7 +1,8 @@
 //! Webhook targets: the `[[targets]]` config schema, which target a topic goes to
 //! (AMQP topic patterns, first match wins), and the checks `check-config` and ingest
 //! apply (a bad target names its key; a job's own URL must lie under an allowed prefix).
-//! Its signing secrets, which may expire: `secret.rs`.
+//! Its signing secrets, which may expire: `secret.rs`; its health (circuit breaker,
+//! disable and enable): `health.rs`.
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -10,8 +11,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::job::url as job_url;
 
+pub mod health;
 mod secret;
 
+pub use health::BreakerConfig;
 pub use secret::{secret_key, SigningSecret, EXPIRY_WARNING};
 
 /// One `[[targets]]` entry.
@@ -45,6 +48,8 @@ pub struct TargetConfig {
     pub forward_headers: bool,
     /// A PEM file of extra CAs trusted for this target's `https://` URLs.
     pub tls_ca_file: String,
+    /// `[targets.breaker]`: when the target's circuit breaker opens.
+    pub breaker: BreakerConfig,
 }
 
 impl Default for TargetConfig {
@@ -62,6 +67,7 @@ impl Default for TargetConfig {
             allow_private_job_urls: false,
             forward_headers: false,
             tls_ca_file: String::new(),
+            breaker: BreakerConfig::default(),
         }
     }
 }
@@ -280,6 +286,9 @@ pub fn validate(targets: &[TargetConfig], ttr_ms: u64) -> Result<(), TargetError
 /// timeout against the TTR, slots, body mode, secrets, headers, CA file.
 fn check_delivery(i: usize, t: &TargetConfig, ttr_ms: u64) -> Result<(), TargetError> {
     check_http_url(&t.url).map_err(|m| bad(i, "url", m))?;
+    t.breaker
+        .check()
+        .map_err(|(key, m)| bad(i, &format!("breaker.{key}"), m))?;
     for (j, prefix) in t.allowed_url_prefixes.iter().enumerate() {
         let key = format!("allowed_url_prefixes[{j}]");
         check_http_url(prefix).map_err(|m| bad(i, &key, m))?;

@@ -176,6 +176,51 @@ pub struct TargetRow {
     /// targets`, which talks to Redis, not to a bridge).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backlog: Option<TargetBacklog>,
+    /// Its breaker, shared by every bridge (from Redis).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub health: Option<TargetHealthFields>,
+}
+
+/// A target's breaker as `GET /v1/targets` and `redisched targets` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TargetHealthFields {
+    /// `closed`, `open`, `half_open` or `disabled`.
+    pub state: String,
+    /// Its topics' jobs wait, scheduled, spending no attempts (all but `closed`;
+    /// `half_open` sends one probe).
+    pub held_by_breaker: bool,
+    pub state_reason: String,
+    pub state_changed_at: Option<i64>,
+    pub state_changed_at_rfc3339: Option<String>,
+    /// Opens in a row with no `closed` between (`disable_after_trips` disables).
+    pub trips: u64,
+    /// The breaker's current window: requests and failures counted.
+    pub window_requests: u64,
+    pub window_failures: u64,
+}
+
+impl TargetHealthFields {
+    pub fn new(h: &crate::store::TargetHealth) -> Self {
+        let changed = (h.changed_at > 0).then_some(h.changed_at);
+        Self {
+            state: h.state.as_str().to_owned(),
+            held_by_breaker: h.state.holds(),
+            state_reason: h.reason.clone(),
+            state_changed_at: changed,
+            state_changed_at_rfc3339: changed.map(rfc3339),
+            trips: h.trips,
+            window_requests: h.requests,
+            window_failures: h.failures,
+        }
+    }
+}
+
+/// `POST /v1/targets/{name}/enable` and `…/disable`, `redisched targets enable|disable`.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetStateChanged {
+    pub target: String,
+    #[serde(flatten)]
+    pub health: TargetHealthFields,
 }
 
 /// A target's jobs in Redis, summed over the known topics it serves (the first target
@@ -219,10 +264,21 @@ impl TargetsView {
                         failing: live.as_ref().is_some_and(|s| s.consecutive_failures > 0),
                         live,
                         backlog: None,
+                        health: None,
                     }
                 })
                 .collect(),
         }
+    }
+
+    /// Fills each target's breaker fields (`health`: by target name).
+    pub fn with_health(mut self, health: &[(String, crate::store::TargetHealth)]) -> Self {
+        for row in &mut self.targets {
+            if let Some((_, h)) = health.iter().find(|(n, _)| *n == row.name) {
+                row.health = Some(TargetHealthFields::new(h));
+            }
+        }
+        self
     }
 
     /// Fills each target's [`TargetBacklog`] from the topics' counts.

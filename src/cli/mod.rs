@@ -197,6 +197,18 @@ pub struct TargetsArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum TargetsAction {
+    /// Bring a target back after it was disabled (410 Gone, too many trips, or by hand):
+    /// its breaker closed, counts reset; its held jobs go out again
+    Enable {
+        /// The target's `name` in the configuration
+        name: String,
+    },
+    /// Disable a target by hand: nothing is sent to it, its jobs wait (nothing is lost)
+    /// until `redisched targets enable`
+    Disable {
+        /// The target's `name` in the configuration
+        name: String,
+    },
     /// Make due now (attempts kept) the parked jobs of every topic the target serves whose
     /// last failure lies in the window; prints how many, per topic
     #[command(after_help = "Examples:\n  \
@@ -347,6 +359,12 @@ pub async fn execute(cli: &Cli) -> Result<Output, CliError> {
         Command::Targets(TargetsArgs { action: None }) => {
             targets::targets(&connect(&config).await?, &config.targets).await
         }
+        Command::Targets(TargetsArgs {
+            action: Some(TargetsAction::Enable { name }),
+        }) => targets::by_hand(&connect(&config).await?, &config.targets, name, true).await,
+        Command::Targets(TargetsArgs {
+            action: Some(TargetsAction::Disable { name }),
+        }) => targets::by_hand(&connect(&config).await?, &config.targets, name, false).await,
         Command::Targets(TargetsArgs {
             action: Some(TargetsAction::Redrive { name, since, until }),
         }) => {

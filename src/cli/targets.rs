@@ -1,8 +1,9 @@
 //! `redisched targets`: the configured webhook targets and what Redis holds for them;
-//! `redisched targets redrive`: a target's parked jobs by the time of their last failure.
+//! `redisched targets redrive`: a target's parked jobs by the time of their last failure;
+//! `redisched targets enable|disable`: a target's breaker by hand.
 
 use crate::job::window::FailureWindow;
-use crate::store::Store;
+use crate::store::{HealthOp, Store};
 use crate::targets::TargetConfig;
 use crate::view::{self, TargetRedriveView};
 
@@ -18,7 +19,16 @@ pub(super) async fn targets(store: &Store, targets: &[TargetConfig]) -> Result<O
             rows.push((topic, stats));
         }
     }
-    let view = view::TargetsView::new(targets, |_| None).with_backlog(targets, &rows);
+    let mut health = Vec::new();
+    for t in targets {
+        let h = store
+            .target_health(&t.name, &t.breaker, HealthOp::Get)
+            .await?;
+        health.push((t.name.clone(), h));
+    }
+    let view = view::TargetsView::new(targets, |_| None)
+        .with_backlog(targets, &rows)
+        .with_health(&health);
     let mut human = String::new();
     if view.targets.is_empty() {
         human.push_str("no webhook targets configured ([[targets]] in the config file)");
@@ -34,6 +44,26 @@ pub(super) async fn targets(store: &Store, targets: &[TargetConfig]) -> Result<O
             t.timeout_ms,
             if t.signed { "  signed" } else { "" }
         ));
+        if let Some(h) = &t.health {
+            human.push_str(&format!(
+                "    state {}{}{}\n",
+                h.state,
+                if h.held_by_breaker {
+                    "  (jobs held by the breaker: they wait, spending no attempts)"
+                } else {
+                    ""
+                },
+                if h.state_reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "  since {}: {}",
+                        h.state_changed_at_rfc3339.as_deref().unwrap_or("?"),
+                        h.state_reason
+                    )
+                }
+            ));
+        }
         if let Some(b) = t.backlog {
             human.push_str(&format!(
                 "    {} topic(s): {} scheduled, {} due now, {} in flight (all bridges), {} failing, {} parked{}\n",
@@ -93,6 +123,41 @@ pub(super) async fn redrive(
             human.push_str(&format!("\n  {}  {}", row.topic, row.redriven));
         }
     }
+    Ok(Output {
+        json: view::to_json(&view),
+        human,
+    })
+}
+
+/// `redisched targets enable|disable <name>`: the breaker by hand. The change is
+/// announced (logged, counted, published) by the first bridge that syncs next.
+pub(super) async fn by_hand(
+    store: &Store,
+    targets: &[TargetConfig],
+    name: &str,
+    enable: bool,
+) -> Result<Output, CliError> {
+    let Some(target) = targets.iter().find(|t| t.name == name) else {
+        return Err(CliError::NotFound(view::no_such_target(name, targets)));
+    };
+    let op = if enable {
+        HealthOp::Enable
+    } else {
+        HealthOp::Disable
+    };
+    let h = store.target_health(name, &target.breaker, op).await?;
+    let view = view::TargetStateChanged {
+        target: name.to_owned(),
+        health: view::TargetHealthFields::new(&h),
+    };
+    let human = if enable {
+        format!(
+            "target {name} enabled: state {} (its held jobs go out again)",
+            view.health.state
+        )
+    } else {
+        format!("target {name} disabled: nothing is sent to it, its jobs wait until `redisched targets enable {name}`")
+    };
     Ok(Output {
         json: view::to_json(&view),
         human,

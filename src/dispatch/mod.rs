@@ -56,10 +56,15 @@ pub const RESCAN_CHUNK: usize = 1000;
 /// The sinks beside AMQP, in the order they are asked whether they serve a topic: the
 /// `[[targets]]` webhooks, then `added` (a library user's own). The one place a sink
 /// is added.
-pub fn routes(config: &Config, added: Vec<Arc<dyn Sink>>) -> Result<Routes, String> {
+/// `events`: where the webhook targets' state changes go (`crate::events`).
+pub fn routes(
+    config: &Config,
+    added: Vec<Arc<dyn Sink>>,
+    events: Option<crate::events::EventSender>,
+) -> Result<Routes, String> {
     let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
     if !config.targets.is_empty() {
-        sinks.push(Arc::new(WebhookSinks::new(config)?));
+        sinks.push(Arc::new(WebhookSinks::new(config, events)?));
     }
     sinks.extend(added);
     Ok(Routes::new(sinks))

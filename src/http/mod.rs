@@ -81,6 +81,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/topics", get(api::topics))
         .route("/v1/targets", get(targets::targets))
         .route("/v1/targets/{name}/redrive", post(targets::redrive))
+        .route("/v1/targets/{name}/enable", post(targets::enable))
+        .route("/v1/targets/{name}/disable", post(targets::disable))
         .route(
             "/v1/topics/{topic}/jobs",
             get(api::list_jobs).delete(cancel::delete_in_topic),

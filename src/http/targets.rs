@@ -1,6 +1,7 @@
 //! `GET /v1/targets`: the webhook targets with their topics and this bridge's live
 //! state (in flight, last status, failures); `POST /v1/targets/{name}/redrive`: the
-//! parked jobs of the target's topics whose last failure falls in a time window.
+//! parked jobs of the target's topics whose last failure falls in a time window;
+//! `POST /v1/targets/{name}/enable` and `…/disable`: the target's breaker by hand.
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -11,12 +12,64 @@ use super::error::PathParams;
 use super::{ApiError, AppState};
 use crate::feed::Event;
 use crate::job::window::FailureWindow;
-use crate::view::{no_such_target, TargetRedriveView, TargetsView};
+use crate::store::HealthOp;
+use crate::view::{
+    no_such_target, TargetHealthFields, TargetRedriveView, TargetStateChanged, TargetsView,
+};
 
-pub(super) async fn targets(State(state): State<AppState>) -> Json<TargetsView> {
+pub(super) async fn targets(State(state): State<AppState>) -> Result<Json<TargetsView>, ApiError> {
     let webhooks = &state.metrics.webhooks;
-    Json(TargetsView::new(&state.config.targets, |name| {
-        Some(webhooks.status(name))
+    let mut health = Vec::new();
+    for t in &state.config.targets {
+        let h = state
+            .store
+            .target_health(&t.name, &t.breaker, HealthOp::Get)
+            .await?;
+        health.push((t.name.clone(), h));
+    }
+    Ok(Json(
+        TargetsView::new(&state.config.targets, |name| Some(webhooks.status(name)))
+            .with_health(&health),
+    ))
+}
+
+/// `POST /v1/targets/{name}/enable`: closed again, counts and trips reset.
+pub(super) async fn enable(
+    State(state): State<AppState>,
+    PathParams(name): PathParams<String>,
+) -> Result<Json<TargetStateChanged>, ApiError> {
+    by_hand(&state, &name, HealthOp::Enable).await
+}
+
+/// `POST /v1/targets/{name}/disable`: nothing is sent until it is enabled.
+pub(super) async fn disable(
+    State(state): State<AppState>,
+    PathParams(name): PathParams<String>,
+) -> Result<Json<TargetStateChanged>, ApiError> {
+    by_hand(&state, &name, HealthOp::Disable).await
+}
+
+/// The change is announced (logged, counted, published) by the first bridge to sync
+/// the target's health next (within a second).
+async fn by_hand(
+    state: &AppState,
+    name: &str,
+    op: HealthOp,
+) -> Result<Json<TargetStateChanged>, ApiError> {
+    let targets = &state.config.targets;
+    let Some(target) = targets.iter().find(|t| t.name == name) else {
+        return Err(ApiError::not_found(no_such_target(name, targets)));
+    };
+    let what = if op == HealthOp::Enable {
+        "enable"
+    } else {
+        "disable"
+    };
+    let h = state.store.target_health(name, &target.breaker, op).await?;
+    tracing::info!(target = %name, state = %h.state.as_str(), source = "http", "{what} by hand");
+    Ok(Json(TargetStateChanged {
+        target: name.to_owned(),
+        health: TargetHealthFields::new(&h),
     }))
 }
 

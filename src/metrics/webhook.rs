@@ -1,5 +1,7 @@
 //! The webhook targets' metrics (requests by outcome code, their duration) and the live
-//! state of each target that `GET /v1/targets` shows.
+//! state of each target that `GET /v1/targets` shows; the breaker's state per target
+//! (`redisched_webhook_target_state`) and its changes
+//! (`redisched_webhook_target_transitions_total`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -7,6 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -20,6 +23,20 @@ pub struct WebhookLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TargetLabels {
     pub target: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetStateLabels {
+    pub target: String,
+    /// `closed`, `open`, `half_open`, `disabled`.
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    pub target: String,
+    /// `open`, `half_open`, `closed`, `disabled`, `enabled`.
+    pub to: String,
 }
 
 /// A webhook target's live state, as `GET /v1/targets` shows it.
@@ -52,6 +69,8 @@ const CODES: [&str; 10] = [
 pub struct WebhookMetrics {
     pub requests: Family<WebhookLabels, Counter>,
     pub seconds: Family<TargetLabels, Histogram, fn() -> Histogram>,
+    pub target_state: Family<TargetStateLabels, Gauge>,
+    pub transitions: Family<TransitionLabels, Counter>,
     targets: Mutex<BTreeMap<String, Arc<TargetMeter>>>,
 }
 
@@ -136,9 +155,23 @@ impl WebhookMetrics {
             "Webhook request duration, connect to last byte, by target",
             seconds.clone(),
         );
+        let target_state = Family::<TargetStateLabels, Gauge>::default();
+        let transitions = Family::<TransitionLabels, Counter>::default();
+        registry.register(
+            "webhook_target_state",
+            "A webhook target's breaker state: 1 for the current one, 0 for the others",
+            target_state.clone(),
+        );
+        registry.register(
+            "webhook_target_transitions",
+            "Changes of a webhook target's state made by this bridge, by the state changed to",
+            transitions.clone(),
+        );
         Self {
             requests,
             seconds,
+            target_state,
+            transitions,
             targets: Mutex::new(BTreeMap::new()),
         }
     }
@@ -178,6 +211,29 @@ impl WebhookMetrics {
         seconds: f64,
     ) {
         self.meter(target).finished(code, &status, error, seconds);
+    }
+
+    /// `state` is `target`'s current one (of `states`, every state's name): 1 for it,
+    /// 0 for the others.
+    pub fn set_target_state(&self, target: &str, state: &str, states: &[&str]) {
+        for s in states {
+            let labels = TargetStateLabels {
+                target: target.to_owned(),
+                state: (*s).to_owned(),
+            };
+            self.target_state
+                .get_or_create(&labels)
+                .set(i64::from(*s == state));
+        }
+    }
+
+    /// One change of `target`'s state, to `to`.
+    pub fn target_transition(&self, target: &str, to: &str) {
+        let labels = TransitionLabels {
+            target: target.to_owned(),
+            to: to.to_owned(),
+        };
+        self.transitions.get_or_create(&labels).inc();
     }
 
     pub fn status(&self, target: &str) -> TargetStatus {

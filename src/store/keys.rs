@@ -174,6 +174,15 @@ impl KeySpace {
         format!("{}:{{{}}}:damaged", self.prefix, topic.as_str())
     }
 
+    /// A webhook target's health hash and its list of unannounced changes
+    /// (`lua/target_health.lua`), under one hash tag of their own.
+    pub fn target_health(&self, target: &str) -> [String; 2] {
+        [
+            format!("{}:target:{{{target}}}:health", self.prefix),
+            format!("{}:target:{{{target}}}:events", self.prefix),
+        ]
+    }
+
     pub fn topics(&self) -> String {
         format!("{}:topics", self.prefix)
     }

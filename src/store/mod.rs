@@ -55,11 +55,11 @@ pub use health::{
 pub use keys::{KeySpace, TopicKeys};
 pub use notify::{DueHints, SUBSCRIPTION_PING_INTERVAL};
 pub use ops::{
-    Applied, Batch, CheckReport, Command, Delivered, DueHistogram, Expired, HistoryEntry, JobInfo,
-    JobSummary, ListWhich, NextDue, Noted, Op, Outcome, PrefixStep, Problem, PutOutcome,
+    Applied, Batch, CheckReport, Command, Delivered, DueHistogram, Expired, HealthOp, HistoryEntry,
+    JobInfo, JobSummary, ListWhich, NextDue, Noted, Op, Outcome, PrefixStep, Problem, PutOutcome,
     PutRequest, PutStatus, RateSource, RateState, RecordedPartitions, Redriven, Requeued,
-    ReservedJob, RetryOutcome, TopicStats, WindowStep, CHECK_STEP, MAX_HISTOGRAM_BUCKETS,
-    MAX_HISTOGRAM_WINDOW_MS, PREFIX_STEP,
+    ReservedJob, RetryOutcome, TargetHealth, TopicStats, WindowStep, CHECK_STEP,
+    MAX_HISTOGRAM_BUCKETS, MAX_HISTOGRAM_WINDOW_MS, PREFIX_STEP,
 };
 use registry::TopicRegistry;
 pub use registry::DEFAULT_TOPIC_REFRESH;

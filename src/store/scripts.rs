@@ -62,6 +62,7 @@ scripts!(
     due_histogram,
     rate_limit,
     delete_prefix,
+    target_health,
 );
 
 impl Scripts {

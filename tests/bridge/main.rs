@@ -26,6 +26,7 @@ mod rate_limits;
 mod recurring;
 mod scale;
 mod subscription;
+mod target_health;
 mod third_sink;
 mod trace_context;
 mod trace_spans;

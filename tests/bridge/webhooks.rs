@@ -252,10 +252,11 @@ async fn jobs_wait_while_the_receiver_is_down_and_all_arrive_once_it_is_up() {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         probe.local_addr().unwrap()
     };
-    let mut config = config_with(
-        "hookdown",
-        vec![target("down", &["down"], format!("http://{addr}/r"))],
-    );
+    // Its breaker opens while the receiver is down; a short open_ms lets the probe
+    // find it up soon (target_health.rs checks the breaker itself).
+    let mut hook = target("down", &["down"], format!("http://{addr}/r"));
+    hook.breaker.open_ms = 500;
+    let mut config = config_with("hookdown", vec![hook]);
     config.dispatch.max_attempts = 0;
     let broker = Broker::new(&config).await;
     let bridge = InProcess::start(&config);
@@ -298,14 +299,17 @@ async fn jobs_wait_while_the_receiver_is_down_and_all_arrive_once_it_is_up() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_410_parks_the_job_after_max_attempts_and_a_redrive_delivers_it() {
+async fn a_410_from_a_jobs_own_url_parks_that_job_after_max_attempts_and_a_redrive_delivers_it() {
     let _shared = common::timed::shared().await;
     let receiver = Receiver::start().await;
     receiver.set_default(Answer::status(410).body("gone"));
-    let mut config = config_with(
-        "hook410",
-        vec![target("gone", &["gone"], receiver.url("/r"))],
-    );
+    // The job's own URL answers 410: that job is retried and parked as before; the
+    // target stays enabled (a 410 from the target's own URL disables it instead:
+    // tests/bridge/target_health.rs).
+    let mut hook = target("gone", &["gone"], receiver.url("/r"));
+    hook.allowed_url_prefixes = vec![receiver.url("/own/")];
+    hook.allow_private_job_urls = true;
+    let mut config = config_with("hook410", vec![hook]);
     config.dispatch.max_attempts = 3;
     config.dispatch.retry_min_ms = 100;
     config.dispatch.retry_max_ms = 200;
@@ -313,7 +317,10 @@ async fn a_410_parks_the_job_after_max_attempts_and_a_redrive_delivers_it() {
     let bridge = InProcess::start(&config);
     let store = common::test_store_named(&config.redis.prefix).await;
 
-    broker.put("gone", "j1", b"x", &[]).await;
+    let own = receiver.url("/own/j1");
+    broker
+        .put("gone", "j1", b"x", &[("x-redisched-url", text(&own))])
+        .await;
     let parked = wait_for(&store, "gone", "j1", |j| {
         j.is_some_and(|j| j.state == JobState::Parked)
     })
@@ -331,6 +338,16 @@ async fn a_410_parks_the_job_after_max_attempts_and_a_redrive_delivers_it() {
     assert!(store.redrive(&topic, &id).await.unwrap());
     released(&store, "gone", "j1").await;
     assert_eq!(receiver.received().len(), 4);
+    let t = &config.targets[0];
+    let health = store
+        .target_health(&t.name, &t.breaker, redisched::store::HealthOp::Get)
+        .await
+        .unwrap();
+    assert_eq!(
+        health.state,
+        redisched::targets::health::State::Closed,
+        "a job's own URL says nothing of the target's health"
+    );
     bridge.stop().await;
     broker.cleanup().await;
 }

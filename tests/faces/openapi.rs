@@ -904,3 +904,43 @@ async fn a_job_url_no_target_admits_is_a_documented_422() {
         .unwrap_or_default();
     assert!(refused.contains("url_not_allowed"), "{refused}");
 }
+
+/// `POST /v1/targets/{name}/enable` and `…/disable` answer as the document says: an
+/// unknown target is a documented 404; the `Target` schema holds the breaker's fields.
+#[tokio::test]
+async fn the_target_health_endpoints_answer_as_documented() {
+    let s = Server::start(LIMITS).await;
+    let doc = s.document().await;
+    for action in ["enable", "disable"] {
+        let path = format!("/v1/targets/{{name}}/{action}");
+        let (status, body) = s
+            .send(
+                s.client
+                    .post(s.url(&format!("/v1/targets/nosuch/{action}"))),
+            )
+            .await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+        assert!(documented(&doc, &path, "post", status), "{path}");
+        assert!(documented(&doc, &path, "post", StatusCode::OK), "{path}");
+    }
+    let target = &doc["components"]["schemas"]["Target"]["properties"];
+    for field in ["state", "held_by_breaker", "state_reason", "trips"] {
+        assert!(target.get(field).is_some(), "Target.{field} documented");
+    }
+    let state = json!({
+        "target": "billing", "state": "disabled", "held_by_breaker": true,
+        "state_reason": "HTTP 410 Gone from billing: gone", "state_changed_at": 1,
+        "state_changed_at_rfc3339": "1970-01-01T00:00:00.001Z", "trips": 0,
+        "window_requests": 0, "window_failures": 0
+    });
+    let schema = json!({ "$ref": "#/components/schemas/TargetState" });
+    assert!(schema_accepts(&doc, &schema, &state).await);
+    assert!(
+        !schema_accepts(
+            &doc,
+            &schema,
+            &json!({ "target": "billing", "state": "sleepy" })
+        )
+        .await
+    );
+}

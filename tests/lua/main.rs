@@ -10,3 +10,4 @@ mod common;
 mod lua_features;
 mod lua_other_client;
 mod store_scripts;
+mod target_health;

@@ -11,6 +11,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tracing::Span;
 
 use super::client::{Client, Delivered, Failure};
+use super::health::{judge, Health};
 use super::request::Outgoing;
 use crate::dispatch::settle::Settler;
 use crate::dispatch::ticket::{Reserved, Ticket};
@@ -27,6 +28,11 @@ pub(super) struct Delivery {
     /// Signalled when the request ends and frees its slot.
     pub(super) room: Arc<Notify>,
     pub(super) releases: Arc<Releases>,
+    pub(super) health: Arc<Health>,
+    /// The target's index in the sink, for its health.
+    pub(super) index: usize,
+    /// The half-open target's one probe request.
+    pub(super) probe: bool,
 }
 
 impl Delivery {
@@ -40,6 +46,9 @@ impl Delivery {
             settler,
             room,
             releases,
+            health,
+            index,
+            probe,
         } = self;
         let props = reserved.take_properties();
         let via = Via::Webhook {
@@ -62,6 +71,11 @@ impl Delivery {
         };
         meter.started();
         let (result, took) = client.post(&outgoing).await;
+        // Only the target's own URL tells of its health (before the slot frees, so the
+        // next round sees a failure).
+        if !matches!(crate::job::meta::own_url(&props), Ok(Some(_))) {
+            health.outcome(index, probe, judge(&result));
+        }
         record_answer(&span, &result);
         drop(span);
         let seconds = took.as_secs_f64();

@@ -10,10 +10,12 @@
 //! task (prepare, call, handle) and the batched releases; `client.rs` a target's HTTP
 //! client and what an answer means, with `resolve.rs` the address guard under the
 //! client of jobs' own URLs; `request.rs` the request a job becomes, signed by
-//! `sign.rs` (Standard Webhooks).
+//! `sign.rs` (Standard Webhooks); `health.rs` each target's breaker (a held target's
+//! topics are not reserved at all; a half-open one gets its one probe job).
 
 mod client;
 mod delivery;
+mod health;
 mod request;
 mod resolve;
 mod sign;
@@ -29,6 +31,7 @@ use tokio_util::task::TaskTracker;
 
 use client::Client;
 use delivery::{Delivery, Releases};
+use health::{Allow, Health};
 pub use request::FORWARDED_PREFIX;
 
 use super::reserve::{Core, RESERVE_GROUP};
@@ -36,6 +39,7 @@ use super::settle::Settler;
 use super::sink::{Round, RoundError, Sink};
 use super::ticket::Reserved;
 use crate::config::Config;
+use crate::events::EventSender;
 use crate::job::Topic;
 use crate::metrics::TargetMeter;
 
@@ -59,6 +63,7 @@ pub struct WebhookSinks {
     releases: Arc<Releases>,
     tasks: TaskTracker,
     epoch: Instant,
+    health: Arc<Health>,
 }
 
 /// How long a busy target's few free slots wait for more to free before they are
@@ -74,8 +79,8 @@ pub fn slots_worth_a_reserve(max_in_flight: usize) -> usize {
 
 impl WebhookSinks {
     /// One client per `[[targets]]` entry; `Err` names the target (a CA file that
-    /// cannot be read, say).
-    pub fn new(config: &Config) -> Result<Self, String> {
+    /// cannot be read, say). `events`: where the targets' state changes are published.
+    pub fn new(config: &Config, events: Option<EventSender>) -> Result<Self, String> {
         let targets = config
             .targets
             .iter()
@@ -88,9 +93,11 @@ impl WebhookSinks {
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
+        let room = Arc::new(Notify::new());
         Ok(Self {
             targets,
-            room: Arc::new(Notify::new()),
+            health: Arc::new(Health::new(&config.targets, room.clone(), events)),
+            room,
             releases: Arc::default(),
             tasks: TaskTracker::new(),
             epoch: Instant::now(),
@@ -114,7 +121,11 @@ impl WebhookSinks {
             let Some(index) = self.target_of(&topic) else {
                 continue;
             };
-            let room = self.room(index);
+            let room = match self.health.allow(index) {
+                Allow::All => self.room(index),
+                Allow::Probe => self.room(index).min(1),
+                Allow::Nothing => 0,
+            };
             match hooks.iter_mut().find(|(i, _)| *i == index) {
                 Some((_, topics)) if topics.len() < room => topics.push(topic),
                 None if room > 0 => hooks.push((index, vec![topic])),
@@ -155,7 +166,7 @@ impl WebhookSinks {
     /// Starts POSTing a reserved job of target `index` in a task of its own, under one
     /// of its slots. Not expected: no free slot (only this loop takes slots, and it
     /// reserves no more than [`Self::room`]); the job is then handed back, due again.
-    async fn send(&self, index: usize, reserved: Reserved, settler: &Arc<Settler>) {
+    async fn send(&self, index: usize, reserved: Reserved, settler: &Arc<Settler>, probe: bool) {
         let slot = self.targets.get(index).and_then(|target| {
             let slot = target.slots.clone().try_acquire_owned().ok()?;
             Some((target, slot))
@@ -177,8 +188,32 @@ impl WebhookSinks {
             settler: settler.clone(),
             room: self.room.clone(),
             releases: self.releases.clone(),
+            health: self.health.clone(),
+            index,
+            probe,
         };
         self.tasks.spawn(delivery.run(slot));
+    }
+}
+
+impl WebhookSinks {
+    /// Reserves the half-open target's one probe job (the first due topic that has
+    /// one) and sends it.
+    async fn probe(
+        &self,
+        index: usize,
+        topics: &[Topic],
+        core: &mut Core<'_>,
+    ) -> Result<(), RoundError> {
+        for topic in topics {
+            let reserved = core.reserve(std::slice::from_ref(topic), 1).await?;
+            if let Some(job) = reserved.into_iter().flat_map(|(_, jobs)| jobs).next() {
+                self.health.probe_sent(index);
+                self.send(index, job, core.settler(), true).await;
+                return Ok(());
+            }
+        }
+        Ok(())
     }
 }
 
@@ -199,6 +234,17 @@ impl Sink for WebhookSinks {
         core: &'a mut Core<'_>,
     ) -> BoxFuture<'a, Result<Round, RoundError>> {
         Box::pin(async move {
+            let settler = core.settler().clone();
+            self.health
+                .start(&settler.store, &settler.metrics, core.shutdown());
+            // Failures not yet counted in Redis may open a breaker: before reserving more.
+            for index in 0..self.targets.len() {
+                if self.health.pending(index) {
+                    self.health
+                        .sync(index, &settler.store, &settler.metrics)
+                        .await;
+                }
+            }
             let (hooks, full) = self.split_by_target(due);
             if hooks.is_empty() {
                 // Nothing due, or only topics of targets without a free slot: nap
@@ -207,14 +253,19 @@ impl Sink for WebhookSinks {
             }
             for (index, topics) in hooks {
                 let room = self.room(index);
-                if room == 0 {
-                    continue;
+                match self.health.allow(index) {
+                    Allow::All if room > 0 => {}
+                    Allow::Probe if room > 0 => {
+                        self.probe(index, &topics, core).await?;
+                        continue;
+                    }
+                    _ => continue,
                 }
                 let each = (room / topics.len()).clamp(1, core.batch());
                 for group in topics.chunks(RESERVE_GROUP) {
                     for (_, jobs) in core.reserve(group, each).await? {
                         for reserved in jobs {
-                            self.send(index, reserved, core.settler()).await;
+                            self.send(index, reserved, core.settler(), false).await;
                         }
                     }
                 }
@@ -274,7 +325,7 @@ mod tests {
             }],
             ..Config::default()
         };
-        WebhookSinks::new(&config).expect("a valid target")
+        WebhookSinks::new(&config, None).expect("a valid target")
     }
 
     /// As if target 0 had just started a request (its linger ends long after the test).

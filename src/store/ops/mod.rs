@@ -16,7 +16,8 @@
 //!   `topics.rs`: the topics set and each topic's next due time; `server.rs`: the
 //!   server's clock and `PING`;
 //! - `pause.rs`, `redrive.rs`, `redrive_window.rs` (by last-failure time, with a
-//!   cursor), `rate_limit.rs`, `delete_prefix.rs`, `check.rs`: the operator's tools.
+//!   cursor), `rate_limit.rs`, `delete_prefix.rs`, `check.rs`: the operator's tools;
+//! - `target_health.rs`: a webhook target's circuit breaker, shared by every bridge.
 
 mod apply;
 mod check;
@@ -38,6 +39,7 @@ mod reserve;
 mod retry;
 mod server;
 mod stats;
+mod target_health;
 mod topics;
 
 pub use apply::{Applied, Command, Op};
@@ -57,3 +59,4 @@ pub use requeue::Requeued;
 pub use reserve::{Batch, ReservedJob};
 pub use retry::RetryOutcome;
 pub use stats::TopicStats;
+pub use target_health::{HealthOp, TargetHealth};
