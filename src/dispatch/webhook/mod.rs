@@ -10,10 +10,12 @@
 //! task (prepare, call, handle) and the batched releases; `client.rs` a target's HTTP
 //! client and what an answer means, with `resolve.rs` the address guard under the
 //! client of jobs' own URLs; `request.rs` the request a job becomes, signed by
-//! `sign.rs` (Standard Webhooks).
+//! `sign.rs` (Standard Webhooks); `lanes.rs` the retry lane: at most `retry_share` of
+//! the slots to retries while first attempts wait (the round's capped reserve).
 
 mod client;
 mod delivery;
+mod lanes;
 mod request;
 mod resolve;
 mod sign;
@@ -29,9 +31,10 @@ use tokio_util::task::TaskTracker;
 
 use client::Client;
 use delivery::{Delivery, Releases};
+use lanes::Lanes;
 pub use request::FORWARDED_PREFIX;
 
-use super::reserve::{Core, RESERVE_GROUP};
+use super::reserve::{Core, Held, RESERVE_GROUP};
 use super::settle::Settler;
 use super::sink::{Round, RoundError, Sink};
 use super::ticket::Reserved;
@@ -48,6 +51,8 @@ struct Target {
     meter: OnceLock<Arc<TargetMeter>>,
     /// When a request of it last started, in µs since [`WebhookSinks::epoch`].
     last_send_us: AtomicU64,
+    /// Its retries in flight and their cap.
+    lanes: Lanes,
 }
 
 /// Every configured target.
@@ -85,6 +90,7 @@ impl WebhookSinks {
                     client: Arc::new(Client::new(t.clone())?),
                     meter: OnceLock::new(),
                     last_send_us: AtomicU64::new(0),
+                    lanes: Lanes::new(t.max_in_flight, t.retry_share),
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -114,6 +120,10 @@ impl WebhookSinks {
             let Some(index) = self.target_of(&topic) else {
                 continue;
             };
+            if self.targets[index].lanes.blocked(&topic) {
+                full.insert(topic);
+                continue;
+            }
             let room = self.room(index);
             match hooks.iter_mut().find(|(i, _)| *i == index) {
                 Some((_, topics)) if topics.len() < room => topics.push(topic),
@@ -170,6 +180,7 @@ impl WebhookSinks {
             .meter
             .get_or_init(|| settler.metrics.webhooks.meter(&target.client.target.name))
             .clone();
+        let retry = target.lanes.start(reserved.job.attempt);
         let delivery = Delivery {
             client: target.client.clone(),
             meter,
@@ -178,7 +189,75 @@ impl WebhookSinks {
             room: self.room.clone(),
             releases: self.releases.clone(),
         };
-        self.tasks.spawn(delivery.run(slot));
+        self.tasks.spawn(async move {
+            let _retry = retry;
+            delivery.run(slot).await;
+        });
+    }
+
+    /// Reserves for target `index`'s due `topics` at most its free slots' worth and
+    /// sends them. While first attempts wait, retries get at most the target's retry
+    /// slots left (`lanes.rs`); if none waits, the retries held fill the free slots.
+    async fn serve(
+        &self,
+        index: usize,
+        topics: &[Topic],
+        core: &mut Core<'_>,
+    ) -> Result<(), RoundError> {
+        let room = self.room(index);
+        let Some(target) = self.targets.get(index).filter(|_| room > 0) else {
+            return Ok(());
+        };
+        let each = (room / topics.len()).clamp(1, core.batch());
+        let Some(cap) = target.lanes.cap(room) else {
+            return self.reserve_and_send(index, topics, each, core).await;
+        };
+        let caps = lanes::split(cap, topics.len());
+        let (mut held, mut stuck, mut unseen) = (Vec::new(), Vec::new(), false);
+        for (group, caps) in topics.chunks(RESERVE_GROUP).zip(caps.chunks(RESERVE_GROUP)) {
+            for (topic, jobs, left) in core.reserve_capped(group, each, caps).await? {
+                let Held { retries, unseen: more } = left;
+                unseen |= more;
+                if retries > 0 && jobs.is_empty() {
+                    stuck.push(topic.clone());
+                }
+                if retries > 0 {
+                    held.push(topic);
+                }
+                for reserved in jobs {
+                    self.send(index, reserved, core.settler()).await;
+                }
+            }
+        }
+        // No first attempt due in any of its topics: the held retries may fill the rest.
+        let free = target.slots.available_permits();
+        if unseen || held.is_empty() || free == 0 {
+            // Those that gave nothing but retries wait for one to end, not rescanned.
+            for topic in stuck {
+                target.lanes.block(topic);
+            }
+            return Ok(());
+        }
+        let each = (free / held.len()).clamp(1, core.batch());
+        self.reserve_and_send(index, &held, each, core).await
+    }
+
+    /// Reserves up to `each` jobs of every topic of `topics` (no cap) and sends them.
+    async fn reserve_and_send(
+        &self,
+        index: usize,
+        topics: &[Topic],
+        each: usize,
+        core: &mut Core<'_>,
+    ) -> Result<(), RoundError> {
+        for group in topics.chunks(RESERVE_GROUP) {
+            for (_, jobs) in core.reserve(group, each).await? {
+                for reserved in jobs {
+                    self.send(index, reserved, core.settler()).await;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -206,18 +285,7 @@ impl Sink for WebhookSinks {
                 return Ok(Round::Idle(full));
             }
             for (index, topics) in hooks {
-                let room = self.room(index);
-                if room == 0 {
-                    continue;
-                }
-                let each = (room / topics.len()).clamp(1, core.batch());
-                for group in topics.chunks(RESERVE_GROUP) {
-                    for (_, jobs) in core.reserve(group, each).await? {
-                        for reserved in jobs {
-                            self.send(index, reserved, core.settler()).await;
-                        }
-                    }
-                }
+                self.serve(index, &topics, core).await?;
             }
             Ok(Round::Served)
         })
