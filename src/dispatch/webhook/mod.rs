@@ -55,6 +55,14 @@ struct Target {
     lanes: Lanes,
 }
 
+/// A round's due topics by target (see [`WebhookSinks::split_by_target`]).
+#[derive(Debug, Default)]
+struct Split {
+    hooks: Vec<(usize, Vec<Topic>)>,
+    full: HashSet<Topic>,
+    partial: HashSet<usize>,
+}
+
 /// Every configured target.
 #[derive(Debug)]
 pub struct WebhookSinks {
@@ -112,28 +120,30 @@ impl WebhookSinks {
 
     /// Groups due topics by target, each target's list cut to its free slots; also
     /// returns the topics left out for want of a slot (served again once a request
-    /// ends).
-    fn split_by_target(&self, due: Vec<Topic>) -> (Vec<(usize, Vec<Topic>)>, HashSet<Topic>) {
-        let mut hooks: Vec<(usize, Vec<Topic>)> = Vec::new();
-        let mut full = HashSet::new();
+    /// ends) or held by the retry lane, and the targets that had some left out (their
+    /// round cannot tell that no first attempt waits).
+    fn split_by_target(&self, due: Vec<Topic>) -> Split {
+        let mut split = Split::default();
         for topic in due {
             let Some(index) = self.target_of(&topic) else {
                 continue;
             };
             if self.targets[index].lanes.blocked(&topic) {
-                full.insert(topic);
+                split.partial.insert(index);
+                split.full.insert(topic);
                 continue;
             }
             let room = self.room(index);
-            match hooks.iter_mut().find(|(i, _)| *i == index) {
+            match split.hooks.iter_mut().find(|(i, _)| *i == index) {
                 Some((_, topics)) if topics.len() < room => topics.push(topic),
-                None if room > 0 => hooks.push((index, vec![topic])),
+                None if room > 0 => split.hooks.push((index, vec![topic])),
                 _ => {
-                    full.insert(topic);
+                    split.partial.insert(index);
+                    split.full.insert(topic);
                 }
             }
         }
-        (hooks, full)
+        split
     }
 
     /// Free slots of target `index` worth a reserve. A busy target's first free slots
@@ -197,11 +207,13 @@ impl WebhookSinks {
 
     /// Reserves for target `index`'s due `topics` at most its free slots' worth and
     /// sends them. While first attempts wait, retries get at most the target's retry
-    /// slots left (`lanes.rs`); if none waits, the retries held fill the free slots.
+    /// slots left (`lanes.rs`); if none waits (`all_seen`: `topics` are all its due
+    /// topics), the retries held fill the free slots.
     async fn serve(
         &self,
         index: usize,
         topics: &[Topic],
+        all_seen: bool,
         core: &mut Core<'_>,
     ) -> Result<(), RoundError> {
         let room = self.room(index);
@@ -231,7 +243,7 @@ impl WebhookSinks {
         }
         // No first attempt due in any of its topics: the held retries may fill the rest.
         let free = target.slots.available_permits();
-        if unseen || held.is_empty() || free == 0 {
+        if unseen || !all_seen || held.is_empty() || free == 0 {
             // Those that gave nothing but retries wait for one to end, not rescanned.
             for topic in stuck {
                 target.lanes.block(topic);
@@ -278,14 +290,19 @@ impl Sink for WebhookSinks {
         core: &'a mut Core<'_>,
     ) -> BoxFuture<'a, Result<Round, RoundError>> {
         Box::pin(async move {
-            let (hooks, full) = self.split_by_target(due);
+            let Split {
+                hooks,
+                full,
+                partial,
+            } = self.split_by_target(due);
             if hooks.is_empty() {
                 // Nothing due, or only topics of targets without a free slot: nap
                 // until a slot frees, a hint, or the next topic that can be served.
                 return Ok(Round::Idle(full));
             }
             for (index, topics) in hooks {
-                self.serve(index, &topics, core).await?;
+                let all_seen = !partial.contains(&index);
+                self.serve(index, &topics, all_seen, core).await?;
             }
             Ok(Round::Served)
         })
