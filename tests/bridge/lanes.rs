@@ -133,7 +133,12 @@ async fn lanes_run(run: &Run) -> Seen {
     let all = receiver.received();
     bridge.stop().await;
     broker.cleanup().await;
-    assert_eq!(fresh.len(), run.firsts, "{}: every first attempt", run.label);
+    assert_eq!(
+        fresh.len(),
+        run.firsts,
+        "{}: every first attempt",
+        run.label
+    );
     assert!(
         fresh.iter().all(|r| r.epoch_ms >= due),
         "{}: never early",
@@ -146,8 +151,7 @@ async fn lanes_run(run: &Run) -> Seen {
     let retries: Vec<&Recorded> = all
         .iter()
         .filter(|r| {
-            r.path.starts_with("/flaky/")
-                && r.header("x-redisched-attempt").as_deref() != Some("1")
+            r.path.starts_with("/flaky/") && r.header("x-redisched-attempt").as_deref() != Some("1")
         })
         .collect();
     let first = fresh.iter().min_by_key(|r| r.epoch_ms).expect("a first");
@@ -155,7 +159,10 @@ async fn lanes_run(run: &Run) -> Seen {
     let last = fresh.iter().map(|r| r.at).max().expect("a first");
     // Reserved before the firsts were due, a retry may still arrive a moment after;
     // and the last firsts, all reserved, wait for no slot.
-    let (from, to) = (due_at + Duration::from_millis(50), last - Duration::from_millis(20));
+    let (from, to) = (
+        due_at + Duration::from_millis(50),
+        last - Duration::from_millis(20),
+    );
     let retries_while_waiting = retries
         .iter()
         .filter(|r| r.at >= from && r.at <= to)

@@ -126,7 +126,10 @@ async fn a_secret_past_its_expires_at_no_longer_signs() {
     // Libraries we did not write agree: the remaining secret verifies, the expired not.
     for verifier in verifiers::ALL {
         if let Err(out) = verifier.verify(&got[0], SECRET_B) {
-            panic!("{} refused the remaining secret's signature: {out}", verifier.name());
+            panic!(
+                "{} refused the remaining secret's signature: {out}",
+                verifier.name()
+            );
         }
         assert!(
             verifier.verify(&got[0], SECRET_A).is_err(),

@@ -509,7 +509,10 @@ async fn signatures_verify_with_the_standard_webhooks_library_for_both_secrets_o
     for verifier in verifiers::ALL {
         for secret in [SECRET_A, SECRET_B] {
             if let Err(out) = verifier.verify(&got[0], secret) {
-                panic!("{} refused the signature for {secret}: {out}", verifier.name());
+                panic!(
+                    "{} refused the signature for {secret}: {out}",
+                    verifier.name()
+                );
             }
         }
         // A secret that did not sign fails: the check is not vacuous.

@@ -1469,7 +1469,10 @@ fn reserve_honours_its_max_argument() {
 /// reserve.lua with `retry_cap`: (ids taken with their attempt, held, unseen, reply
 /// length).
 fn reserve_capped(t: &mut Topic, limit: usize, cap: &str) -> (Vec<(String, i64)>, i64, i64, usize) {
-    let reply = t.run("reserve", &["60000", &limit.to_string(), "", "", "", "", cap]);
+    let reply = t.run(
+        "reserve",
+        &["60000", &limit.to_string(), "", "", "", "", cap],
+    );
     let reply = arr(&reply);
     let jobs: Vec<Job> = arr(&reply[2]).iter().map(Job::from).collect();
     let taken = jobs.into_iter().map(|j| (j.id, j.attempt)).collect();
@@ -1486,11 +1489,17 @@ fn reserve_with_a_retry_cap_skips_retries_past_it_to_reach_first_attempts() {
     }
     let (_, taken, _) = t.reserve(10);
     for job in &taken {
-        t.run("retry", &[&job.id, &job.token.to_string(), "0", "HTTP 500", "10"]);
+        t.run(
+            "retry",
+            &[&job.id, &job.token.to_string(), "0", "HTTP 500", "10"],
+        );
     }
     let scheduled = t.key("scheduled");
     for i in 0..6 {
-        let _: () = t.conn.zadd(&scheduled, format!("r{i}"), now - 100 + i).unwrap();
+        let _: () = t
+            .conn
+            .zadd(&scheduled, format!("r{i}"), now - 100 + i)
+            .unwrap();
     }
     for i in 0..3 {
         t.put(&format!("f{i}"), "x", now, "");
@@ -1498,18 +1507,34 @@ fn reserve_with_a_retry_cap_skips_retries_past_it_to_reach_first_attempts() {
     // Without a cap: earliest first, the retries (the reply shape of eight keys).
     let plain = t.run("reserve", &["60000", "2", "", "", "", ""]);
     assert_eq!(arr(&plain).len(), 5, "no cap: the reply keeps its shape");
-    let ids: Vec<String> = arr(&arr(&plain)[2]).iter().map(|j| Job::from(j).id).collect();
+    let ids: Vec<String> = arr(&arr(&plain)[2])
+        .iter()
+        .map(|j| Job::from(j).id)
+        .collect();
     assert_eq!(ids, ["r0", "r1"]);
 
     let (taken, held, unseen, len) = reserve_capped(&mut t, 4, "1");
     assert_eq!(len, 9, "with a cap: nine fields");
     assert_eq!(
         taken,
-        [("r2".into(), 2), ("f0".into(), 1), ("f1".into(), 1), ("f2".into(), 1)],
+        [
+            ("r2".into(), 2),
+            ("f0".into(), 1),
+            ("f1".into(), 1),
+            ("f2".into(), 1)
+        ],
         "one retry, then the first attempts behind the others, earliest first"
     );
-    assert_eq!((held, unseen), (3, 0), "r3..r5 held; every due job was seen");
-    assert_eq!(t.score("scheduled", "r3"), Some(now - 97), "a held retry stays scheduled");
+    assert_eq!(
+        (held, unseen),
+        (3, 0),
+        "r3..r5 held; every due job was seen"
+    );
+    assert_eq!(
+        t.score("scheduled", "r3"),
+        Some(now - 97),
+        "a held retry stays scheduled"
+    );
 
     // Nothing but retries due: a cap of 0 takes none and says no first attempt waits.
     let (taken, held, unseen, _) = reserve_capped(&mut t, 10, "0");
@@ -1541,7 +1566,10 @@ fn a_capped_reserve_scans_at_most_a_thousand_retries_past_its_limit() {
     let _: () = pipe.query(&mut t.conn).unwrap();
     t.put("fresh", "x", now, "");
     let (taken, held, unseen, _) = reserve_capped(&mut t, 2, "0");
-    assert!(taken.is_empty(), "the first attempt lies beyond the bound: {taken:?}");
+    assert!(
+        taken.is_empty(),
+        "the first attempt lies beyond the bound: {taken:?}"
+    );
     assert_eq!(held, 1_002, "limit + 1000 looked at");
     assert_eq!(unseen, 1, "stopped at its bound");
     // Reached once fewer retries are ahead of it.

@@ -56,7 +56,11 @@ impl Drop for RetryGuard {
 /// The retry slots of a target: `retry_share` of `max_in_flight`, rounded down.
 pub(super) fn share_slots(max_in_flight: usize, retry_share: f64) -> usize {
     // Both bounded (share 0..=1, validated), so the product fits and is not negative.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
     let slots = (max_in_flight as f64 * retry_share.clamp(0.0, 1.0)).floor() as usize;
     slots.min(max_in_flight)
 }
@@ -67,9 +71,7 @@ pub(super) fn split(cap: usize, n: usize) -> Vec<usize> {
     if n == 0 {
         return Vec::new();
     }
-    (0..n)
-        .map(|i| cap / n + usize::from(i < cap % n))
-        .collect()
+    (0..n).map(|i| cap / n + usize::from(i < cap % n)).collect()
 }
 
 impl Lanes {
@@ -134,7 +136,11 @@ mod tests {
     fn the_share_rounds_down_and_stays_within_the_slots() {
         assert_eq!(share_slots(64, 0.5), 32);
         assert_eq!(share_slots(5, 0.5), 2);
-        assert_eq!(share_slots(1, 0.5), 0, "one slot: retries only when no first waits");
+        assert_eq!(
+            share_slots(1, 0.5),
+            0,
+            "one slot: retries only when no first waits"
+        );
         assert_eq!(share_slots(8, 0.0), 0);
         assert_eq!(share_slots(8, 1.0), 8);
     }
@@ -149,7 +155,11 @@ mod tests {
         assert_eq!(lanes.in_flight(), 3);
         assert_eq!(lanes.cap(5), Some(1));
         let more: Vec<_> = (0..3).filter_map(|_| lanes.start(7)).collect();
-        assert_eq!(lanes.cap(2), Some(0), "over the share (a fill): none while firsts wait");
+        assert_eq!(
+            lanes.cap(2),
+            Some(0),
+            "over the share (a fill): none while firsts wait"
+        );
         drop(more);
         drop(guards);
         assert_eq!(lanes.in_flight(), 0);

@@ -228,7 +228,10 @@ impl WebhookSinks {
         let (mut held, mut stuck, mut unseen) = (Vec::new(), Vec::new(), false);
         for (group, caps) in topics.chunks(RESERVE_GROUP).zip(caps.chunks(RESERVE_GROUP)) {
             for (topic, jobs, left) in core.reserve_capped(group, each, caps).await? {
-                let Held { retries, unseen: more } = left;
+                let Held {
+                    retries,
+                    unseen: more,
+                } = left;
                 unseen |= more;
                 if retries > 0 && jobs.is_empty() {
                     stuck.push(topic.clone());

@@ -74,7 +74,11 @@ mod tests {
         assert_eq!(sig, VECTOR_SIGNATURE);
         // The spec's tests: one byte of the body, the id or the time changes it.
         for (id, timestamp, body) in [
-            ("msg_p5jXN8AQM9LWM0D4loKWxJeK", VECTOR_TIMESTAMP, VECTOR_BODY),
+            (
+                "msg_p5jXN8AQM9LWM0D4loKWxJeK",
+                VECTOR_TIMESTAMP,
+                VECTOR_BODY,
+            ),
             (VECTOR_ID, VECTOR_TIMESTAMP + 1, VECTOR_BODY),
             (VECTOR_ID, VECTOR_TIMESTAMP, &br#"{"test": 2432232315}"#[..]),
         ] {
