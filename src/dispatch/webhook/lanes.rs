@@ -4,8 +4,8 @@
 //! deliveries; when no first attempt waits, retries may use every slot.
 //!
 //! Why this shape. Which due job is a retry only the job's record knows, and
-//! `reserve.lua` takes earliest first, so the cap is applied where the records are read:
-//! the round passes `reserve.lua` a `retry_cap` (the retry slots left: the share minus
+//! `lua/reserve.lua` takes earliest first, so the cap is applied where the records are read:
+//! the round passes `lua/reserve.lua` a `retry_cap` (the retry slots left: the share minus
 //! the retries in flight, spread over the target's due topics by [`split`]), and the
 //! script skips the retries past it to reach first attempts behind them (a bounded
 //! scan: `limit` + 1000 due jobs at most). Its reply says how many retries it held and

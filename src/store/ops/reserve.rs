@@ -1,6 +1,6 @@
 //! `lua/reserve.lua` and `lua/pull.lua`: taking due jobs, under a reservation (one
 //! topic, or many in one round trip) or deleted at once, and the batch they answer.
-//! [`Store::reserve_many_capped`] passes `reserve.lua`'s `retry_cap` (the webhook
+//! [`Store::reserve_many_capped`] passes `lua/reserve.lua`'s `retry_cap` (the webhook
 //! sink's lanes); the plain calls pass no cap and cost what they did.
 
 use std::time::Duration;
