@@ -16,7 +16,11 @@ ARGV:
   6 format  optional: '' (default) or 'msgpack'; with 'msgpack', `jobs` is one bulk
             string, the MessagePack encoding (Redis's built-in cmsgpack) of the same
             array of arrays, so a client parses one string rather than 7 values per job
-Reply: { now, next_due, jobs, corrupt, paused [, throttled, next_token] }
+  7 retry_cap optional (full key list): '' (default) or an integer 0..1000: take at most
+            this many retries (jobs reserved before: attempt > 1 on this reservation);
+            due retries past the cap are skipped and stay scheduled, so first attempts
+            behind them are reached, looking at no more than limit + 1000 due jobs
+Reply: { now, next_due, jobs, corrupt, paused [, throttled, next_token] [, held, unseen] }
   now       the server's clock, epoch ms
   next_due  due time of the earliest job still scheduled (parked jobs excluded), or -1
             when none is left, or when the topic is paused
@@ -33,6 +37,12 @@ Reply: { now, next_due, jobs, corrupt, paused [, throttled, next_token] }
   next_token (nine keys) epoch ms from which the limit lets the next job go (now if it
             would at once), -1 when no limit applies: a caller plans the topic for
             max(next_due, next_token)
+  held      (retry_cap) due retries the cap skipped in this call (they stay scheduled);
+            with retry_cap the reply always has all nine fields (throttled 0 and
+            next_token -1 without the ninth key)
+  unseen    (retry_cap) 1 if due jobs this call did not look at may wait (it stopped at
+            limit or at the bound of its scan), 0 if it saw every due job: then no first
+            attempt was left due, and a caller may take the held retries after all
   With four keys the reply has the version-1 shape: { now, next_due, jobs, corrupt },
   jobs without spec.
 Rate limit: a GCRA (token bucket) on the server's clock: `max_per_second` jobs per
@@ -40,12 +50,14 @@ Rate limit: a GCRA (token bucket) on the server's clock: `max_per_second` jobs p
   seconds at most burst + max_per_second * w jobs are taken, by all callers together.
   The live limit (fields max_per_second, burst of `rate`, written by rate_limit.lua)
   overrides ARGV 4-5; the state (field tat) lives in the same hash.
-Errors: INVALID_ARGUMENT (keys, ttr_ms, limit, max, max_per_second, burst, format), WRONGTYPE
+Errors: INVALID_ARGUMENT (keys, ttr_ms, limit, max, max_per_second, burst, format,
+  retry_cap, or retry_cap with four keys), WRONGTYPE
   (from Redis).
 Invariant: each job moves from `scheduled` to `reserved` atomically; a job is never
 taken before its due time by the server's clock; tokens are unique per topic; parked
 jobs (score 10^17) and paused topics are never taken; the limit holds for the sum of
-all callers that pass the ninth key; within a topic jobs are taken earliest first.
+all callers that pass the ninth key; within a topic jobs are taken earliest first
+(with retry_cap: earliest first among first attempts and the retries the cap admits).
 ]]
 local scheduled, reserved, jobs, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ttr, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -262,6 +274,20 @@ if ARGV[3] and #ARGV[3] > 0 then
   end
 end
 
+-- Lanes (ARGV 7): the most retries this call may take, nil for no cap.
+local cap = nil
+if ARGV[7] and ARGV[7] ~= '' then
+  cap = int_arg(ARGV[7])
+  if not cap or cap < 0 or cap > 1000 then
+    return redis.error_reply('INVALID_ARGUMENT retry_cap must be an integer 0..1000 or empty, got ' .. ARGV[7])
+  end
+  if not full then
+    return redis.error_reply('INVALID_ARGUMENT retry_cap needs the full key list (8 or 9 keys)')
+  end
+end
+-- Due retries a capped scan may skip past, beyond `limit`: the bound of its work.
+local SKIP_MAX = 1000
+
 -- The rate limit in force: the live one stored in KEYS[9], else the caller's default.
 local packed = false
 if ARGV[6] and ARGV[6] ~= '' then
@@ -300,6 +326,9 @@ end
 
 local now = now_ms()
 if full and redis.call('GET', KEYS[6]) then
+  if cap then
+    return { now, -1, jobs_reply({}), {}, 1, 0, -1, 0, 0 }
+  end
   if rate_key then
     return { now, -1, jobs_reply({}), {}, 1, 0, -1 }
   end
@@ -326,12 +355,87 @@ if interval then
   end
 end
 
+-- With a cap: up to `allowed` due jobs, earliest first, at most `cap` of them retries
+-- (attempts already >= 1); the retries past it are skipped (counted in `held`). The
+-- records are read before choosing, in chunks from the head that grow as retries are
+-- skipped, up to SKIP_MAX jobs beyond `allowed`. Returns the ids chosen, their parsed
+-- records, the unreadable ids, the retries held, and whether due jobs went unseen.
+local function scan_capped()
+  local chosen, parsed, bad = {}, {}, {}
+  local seen, retries, held, unseen = 0, 0, 0, 1
+  local bound = allowed + SKIP_MAX
+  while #chosen < allowed do
+    local n = math.min(math.max(allowed - #chosen, seen), bound - seen)
+    if n <= 0 then
+      break
+    end
+    local chunk = redis.call('ZRANGEBYSCORE', scheduled, '-inf', fmt(upto), 'LIMIT', seen, n)
+    if #chunk == 0 then
+      unseen = 0
+      break
+    end
+    local recs = redis.call('HMGET', jobs, unpack(chunk))
+    local looked = #chunk
+    for i, id in ipairs(chunk) do
+      local j = parse(recs[i])
+      if not j then
+        bad[#bad + 1] = id
+      elseif j.attempts >= 1 and retries >= cap then
+        held = held + 1
+      else
+        if j.attempts >= 1 then
+          retries = retries + 1
+        end
+        chosen[#chosen + 1] = id
+        parsed[#parsed + 1] = j
+        if #chosen == allowed then
+          looked = i
+          break
+        end
+      end
+    end
+    seen = seen + looked
+    if #chunk < n and looked == #chunk then
+      unseen = 0
+      break
+    end
+  end
+  return chosen, parsed, bad, held, unseen
+end
+
 local ids = {}
-if allowed > 0 then
+local taken, corrupt = {}, {}
+local held, unseen = 0, 1
+if cap and allowed > 0 then
+  local parsed
+  ids, parsed, corrupt, held, unseen = scan_capped()
+  if #ids > 0 then
+    redis.call('ZREM', scheduled, unpack(ids))
+  end
+  if #corrupt > 0 then
+    redis.call('ZREM', scheduled, unpack(corrupt))
+  end
+  if #ids > 0 then
+    local first = redis.call('INCRBY', seq, #ids) - #ids
+    local deadline = fmt(now + ttr)
+    local records, index = {}, {}
+    for i, id in ipairs(ids) do
+      local j = parsed[i]
+      j.attempts = j.attempts + 1
+      j.token = fmt(first + i)
+      records[#records + 1] = id
+      records[#records + 1] = encode(j)
+      index[#index + 1] = deadline
+      index[#index + 1] = id
+      taken[#taken + 1] = { id, j.due, j.attempts, first + i, meta_of(j), body_of(j), j.spec }
+    end
+    redis.call('HSET', jobs, unpack(records))
+    redis.call('ZADD', reserved, unpack(index))
+  end
+elseif allowed > 0 then
   ids = redis.call('ZRANGEBYSCORE', scheduled, '-inf', fmt(upto), 'LIMIT', 0, allowed)
 end
-local taken, corrupt = {}, {}
-if #ids > 0 then
+if not cap and #ids > 0 then
   redis.call('ZREM', scheduled, unpack(ids))
   local first = redis.call('INCRBY', seq, #ids) - #ids
   local deadline = fmt(now + ttr)
@@ -373,10 +477,13 @@ taken = jobs_reply(taken)
 if not full then
   return { now, next_due, taken, corrupt }
 end
-if not KEYS[9] then
-  return { now, next_due, taken, corrupt, 0 }
-end
 if not interval then
+  if cap then
+    return { now, next_due, taken, corrupt, 0, 0, -1, held, unseen }
+  end
+  if not KEYS[9] then
+    return { now, next_due, taken, corrupt, 0 }
+  end
   return { now, next_due, taken, corrupt, 0, 0, -1 }
 end
 local throttled = 0
@@ -395,5 +502,8 @@ end
 local next_token = math.ceil(tat - (burst - 1) * interval - 1e-6)
 if next_token < now then
   next_token = now
+end
+if cap then
+  return { now, next_due, taken, corrupt, 0, throttled, next_token, held, unseen }
 end
 return { now, next_due, taken, corrupt, 0, throttled, next_token }

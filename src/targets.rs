@@ -30,6 +30,9 @@ pub struct TargetConfig {
     pub timeout_ms: u64,
     /// Concurrent requests to this target, per bridge.
     pub max_in_flight: usize,
+    /// The share (0..=1) of `max_in_flight` that retries (attempt > 1) may hold while
+    /// first attempts wait; with none waiting, retries may use every slot.
+    pub retry_share: f64,
     /// `raw` (the job body verbatim) or `seed` (`{"topic","id","contents"}`).
     pub body: String,
     /// Standard Webhooks secrets (`whsec_` + base64), each a string or a table with an
@@ -60,6 +63,7 @@ impl Default for TargetConfig {
             url: String::new(),
             timeout_ms: 10_000,
             max_in_flight: 64,
+            retry_share: 0.5,
             body: "raw".into(),
             signing_secrets: Vec::new(),
             headers: BTreeMap::new(),
@@ -316,6 +320,16 @@ fn check_delivery(i: usize, t: &TargetConfig, ttr_ms: u64) -> Result<(), TargetE
     if t.max_in_flight == 0 {
         return Err(bad(i, "max_in_flight", "must be > 0"));
     }
+    if !(0.0..=1.0).contains(&t.retry_share) {
+        return Err(bad(
+            i,
+            "retry_share",
+            format!(
+                "{}: must be a number from 0 to 1 (the share of max_in_flight retries may hold while first attempts wait)",
+                t.retry_share
+            ),
+        ));
+    }
     if !matches!(t.body.as_str(), "raw" | "seed") {
         return Err(bad(
             i,
@@ -441,6 +455,16 @@ mod tests {
         let mut t = target("a", &["x"]);
         t.max_in_flight = 0;
         assert_eq!(key(&[t]).as_deref(), Some("targets[0].max_in_flight"));
+        for share in [-0.1, 1.5, f64::NAN] {
+            let mut t = target("a", &["x"]);
+            t.retry_share = share;
+            assert_eq!(key(&[t]).as_deref(), Some("targets[0].retry_share"));
+        }
+        for share in [0.0, 0.25, 1.0] {
+            let mut t = target("a", &["x"]);
+            t.retry_share = share;
+            assert_eq!(key(&[t]), None);
+        }
         let mut t = target("a", &["x"]);
         t.timeout_ms = 0;
         assert_eq!(key(&[t]).as_deref(), Some("targets[0].timeout_ms"));

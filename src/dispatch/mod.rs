@@ -43,7 +43,7 @@ use crate::store::{DueHints, Store, StoreError};
 use amqp::AmqpSink;
 pub use clock::ServerClock;
 pub use plan::Plan;
-pub use reserve::{Core, RESERVE_GROUP};
+pub use reserve::{Core, Held, RESERVE_GROUP};
 pub use set_aside::SetAside;
 pub use settle::{retry_delay, Settler};
 pub use sink::{Round, RoundError, Route, Routes, Sink};

@@ -15,10 +15,18 @@ use super::settle::Settler;
 use super::ticket::{Reserved, Ticket};
 use super::Dispatcher;
 use crate::job::Topic;
-use crate::store::{ReservedJob, StoreError};
+use crate::store::{Batch, ReservedJob, StoreError};
 
 /// Due topics reserved from in one round trip at most.
 pub const RESERVE_GROUP: usize = 64;
+
+/// What a capped reserve left of a topic: retries held back by the cap, and whether
+/// due jobs went unseen (`false`: every due first attempt was taken).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    pub retries: u64,
+    pub unseen: bool,
+}
 
 /// What a sink's round borrows from its loop: the reserve, and where outcomes go.
 #[derive(Debug)]
@@ -54,10 +62,48 @@ impl Core<'_> {
         group: &[Topic],
         each: usize,
     ) -> Result<Vec<(Topic, Vec<Reserved>)>, StoreError> {
-        let dispatcher = self.dispatcher;
-        let ttr = Duration::from_millis(dispatcher.config.dispatch.ttr_ms);
+        let ttr = Duration::from_millis(self.dispatcher.config.dispatch.ttr_ms);
         let sent = Instant::now();
-        let batches = dispatcher.store.reserve_many(group, ttr, each).await?;
+        let batches = self.dispatcher.store.reserve_many(group, ttr, each).await?;
+        Ok(self.take(group, batches, sent).await)
+    }
+
+    /// [`Core::reserve`] with a retry cap per topic (`caps[i]` for `group[i]`, see
+    /// `Store::reserve_many_capped`); beside each topic's jobs, its [`Held`].
+    pub async fn reserve_capped(
+        &mut self,
+        group: &[Topic],
+        each: usize,
+        caps: &[usize],
+    ) -> Result<Vec<(Topic, Vec<Reserved>, Held)>, StoreError> {
+        let ttr = Duration::from_millis(self.dispatcher.config.dispatch.ttr_ms);
+        let sent = Instant::now();
+        let store = &self.dispatcher.store;
+        let batches = store.reserve_many_capped(group, ttr, each, caps).await?;
+        let held: Vec<Held> = batches
+            .iter()
+            .map(|b| Held {
+                retries: b.held_retries,
+                unseen: b.unseen,
+            })
+            .collect();
+        let taken = self.take(group, batches, sent).await;
+        Ok(taken
+            .into_iter()
+            .zip(held)
+            .map(|((topic, jobs), held)| (topic, jobs, held))
+            .collect())
+    }
+
+    /// The plan and the clock corrected from `batches` (a reserve of `group` sent at
+    /// `sent`), and each topic's jobs triaged.
+    async fn take(
+        &mut self,
+        group: &[Topic],
+        batches: Vec<Batch>,
+        sent: Instant,
+    ) -> Vec<(Topic, Vec<Reserved>)> {
+        let dispatcher = self.dispatcher;
         let mut reserved = Vec::with_capacity(group.len());
         for (topic, batch) in group.iter().zip(batches) {
             dispatcher.clock.observe(batch.now, sent);
@@ -78,7 +124,7 @@ impl Core<'_> {
             let jobs = self.triage(topic, batch.jobs, batch.throttled > 0).await;
             reserved.push((topic.clone(), jobs));
         }
-        Ok(reserved)
+        reserved
     }
 
     /// The jobs of `topic` to deliver: each with its ticket, unless its series cannot

@@ -17,6 +17,7 @@ mod end_to_end;
 mod examples;
 mod expiry;
 mod jitter;
+mod lanes;
 mod log_volume;
 mod parking;
 mod partitions;

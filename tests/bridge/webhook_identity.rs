@@ -1,7 +1,8 @@
 //! What every webhook request says besides its job: who is calling (`User-Agent:
 //! redisched/<version>`, unless the target's `headers` name another), and which of the
 //! target's signing secrets sign it (one past its `expires_at` no longer does). Real
-//! bridge, real receiver; the signatures recomputed here from the secrets.
+//! bridge, real receiver; the signatures recomputed here from the secrets, and checked by
+//! the PyPI `standardwebhooks` and `svix` and the npm `standardwebhooks` libraries.
 
 use crate::common;
 
@@ -10,6 +11,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use common::bridge::*;
 use common::receiver::{Receiver, Recorded};
+use common::verifiers;
 use hmac::{Hmac, Mac};
 use redisched::config::Config;
 use redisched::targets::{secret_key, SigningSecret, TargetConfig};
@@ -121,6 +123,20 @@ async fn a_secret_past_its_expires_at_no_longer_signs() {
         signature_by(SECRET_A, &got[0]),
         "the recomputation tells the two secrets apart"
     );
+    // Libraries we did not write agree: the remaining secret verifies, the expired not.
+    for verifier in verifiers::ALL {
+        if let Err(out) = verifier.verify(&got[0], SECRET_B) {
+            panic!(
+                "{} refused the remaining secret's signature: {out}",
+                verifier.name()
+            );
+        }
+        assert!(
+            verifier.verify(&got[0], SECRET_A).is_err(),
+            "{} accepted the expired secret",
+            verifier.name()
+        );
+    }
     bridge.stop().await;
     broker.cleanup().await;
 }

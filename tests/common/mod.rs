@@ -163,3 +163,4 @@ pub mod otlp;
 pub mod receiver;
 pub mod route;
 pub mod timed;
+pub mod verifiers;

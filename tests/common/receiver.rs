@@ -69,6 +69,8 @@ impl Recorded {
 struct Shared {
     script: Mutex<VecDeque<Answer>>,
     default: Mutex<Option<Answer>>,
+    /// Answers by path prefix, before the script (a flaky path beside a healthy one).
+    routes: Mutex<Vec<(String, Answer)>>,
     received: Mutex<Vec<Recorded>>,
     arrived: Notify,
 }
@@ -111,6 +113,15 @@ impl Receiver {
     /// Answers to give, in order, before the default (200).
     pub fn script(&self, answers: impl IntoIterator<Item = Answer>) {
         self.shared.script.lock().unwrap().extend(answers);
+    }
+
+    /// The answer to every request whose path starts with `prefix`, before the script.
+    pub fn answer_path(&self, prefix: &str, answer: Answer) {
+        self.shared
+            .routes
+            .lock()
+            .unwrap()
+            .push((prefix.into(), answer));
     }
 
     /// The answer once the script is used up.
@@ -157,11 +168,15 @@ async fn handle(
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64;
-    let answer = shared
-        .script
+    let routed = shared
+        .routes
         .lock()
         .unwrap()
-        .pop_front()
+        .iter()
+        .find(|(prefix, _)| uri.path().starts_with(prefix.as_str()))
+        .map(|(_, answer)| answer.clone());
+    let answer = routed
+        .or_else(|| shared.script.lock().unwrap().pop_front())
         .or_else(|| shared.default.lock().unwrap().clone())
         .unwrap_or_else(|| Answer::status(200));
     shared.received.lock().unwrap().push(Recorded {

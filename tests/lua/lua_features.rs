@@ -1255,6 +1255,10 @@ fn new_arguments_are_refused_with_invalid_argument_and_write_nothing() {
         ("delete", all.clone(), vec!["id", "many"]),
         ("reserve", all.clone(), vec!["1000", "10", "soon"]),
         ("reserve", all.clone(), vec!["1000", "10", "", "", "", "json"]),
+        ("reserve", all.clone(), vec!["1000", "10", "", "", "", "", "-1"]),
+        ("reserve", all.clone(), vec!["1000", "10", "", "", "", "", "1001"]),
+        ("reserve", all.clone(), vec!["1000", "10", "", "", "", "", "two"]),
+        ("reserve", four.clone(), vec!["1000", "10", "", "", "", "", "1"]),
         ("pull", all.clone(), vec!["10", "1.5"]),
         ("release", all.clone(), vec!["id", "1@soon"]),
         ("release", all.clone(), vec!["id", "1@-2"]),
@@ -1460,6 +1464,120 @@ fn reserve_honours_its_max_argument() {
     // Empty means none.
     let reply = t.run("reserve", &["60000", "10", ""]);
     assert_eq!(arr(&arr(&reply)[2]).len(), 1);
+}
+
+/// reserve.lua with `retry_cap`: (ids taken with their attempt, held, unseen, reply
+/// length).
+fn reserve_capped(t: &mut Topic, limit: usize, cap: &str) -> (Vec<(String, i64)>, i64, i64, usize) {
+    let reply = t.run(
+        "reserve",
+        &["60000", &limit.to_string(), "", "", "", "", cap],
+    );
+    let reply = arr(&reply);
+    let jobs: Vec<Job> = arr(&reply[2]).iter().map(Job::from).collect();
+    let taken = jobs.into_iter().map(|j| (j.id, j.attempt)).collect();
+    (taken, int(&reply[7]), int(&reply[8]), reply.len())
+}
+
+#[test]
+fn reserve_with_a_retry_cap_skips_retries_past_it_to_reach_first_attempts() {
+    let mut t = Topic::new("reserve.lanes");
+    let now = t.now();
+    // Six retries (reserved once, handed back due at once) due before three first attempts.
+    for i in 0..6 {
+        t.put(&format!("r{i}"), "x", now, "");
+    }
+    let (_, taken, _) = t.reserve(10);
+    for job in &taken {
+        t.run(
+            "retry",
+            &[&job.id, &job.token.to_string(), "0", "HTTP 500", "10"],
+        );
+    }
+    let scheduled = t.key("scheduled");
+    for i in 0..6 {
+        let _: () = t
+            .conn
+            .zadd(&scheduled, format!("r{i}"), now - 100 + i)
+            .unwrap();
+    }
+    for i in 0..3 {
+        t.put(&format!("f{i}"), "x", now, "");
+    }
+    // Without a cap: earliest first, the retries (the reply shape of eight keys).
+    let plain = t.run("reserve", &["60000", "2", "", "", "", ""]);
+    assert_eq!(arr(&plain).len(), 5, "no cap: the reply keeps its shape");
+    let ids: Vec<String> = arr(&arr(&plain)[2])
+        .iter()
+        .map(|j| Job::from(j).id)
+        .collect();
+    assert_eq!(ids, ["r0", "r1"]);
+
+    let (taken, held, unseen, len) = reserve_capped(&mut t, 4, "1");
+    assert_eq!(len, 9, "with a cap: nine fields");
+    assert_eq!(
+        taken,
+        [
+            ("r2".into(), 2),
+            ("f0".into(), 1),
+            ("f1".into(), 1),
+            ("f2".into(), 1)
+        ],
+        "one retry, then the first attempts behind the others, earliest first"
+    );
+    assert_eq!(
+        (held, unseen),
+        (3, 0),
+        "r3..r5 held; every due job was seen"
+    );
+    assert_eq!(
+        t.score("scheduled", "r3"),
+        Some(now - 97),
+        "a held retry stays scheduled"
+    );
+
+    // Nothing but retries due: a cap of 0 takes none and says no first attempt waits.
+    let (taken, held, unseen, _) = reserve_capped(&mut t, 10, "0");
+    assert!(taken.is_empty());
+    assert_eq!((held, unseen), (3, 0));
+    // Limit reached before the end: due jobs may be unseen.
+    t.put("f3", "x", now, "");
+    let (taken, _, unseen, _) = reserve_capped(&mut t, 1, "0");
+    assert_eq!(taken, [("f3".into(), 1)]);
+    assert_eq!(unseen, 1, "stopped at its limit");
+    let (taken, held, _, _) = reserve_capped(&mut t, 10, "5");
+    assert_eq!(taken.len(), 3, "under the cap retries are taken as usual");
+    assert_eq!(held, 0);
+    t.assert_sound();
+}
+
+#[test]
+fn a_capped_reserve_scans_at_most_a_thousand_retries_past_its_limit() {
+    let mut t = Topic::new("reserve.lanes.bound");
+    let now = t.now();
+    let (scheduled, jobs) = (t.key("scheduled"), t.key("jobs"));
+    // 1,100 retries (format 1, one reservation so far) due before one first attempt.
+    let mut pipe = redis::pipe();
+    for i in 0..1_100 {
+        let id = format!("r{i:04}");
+        pipe.hset(&jobs, &id, format!("1|{now}|1|{i}|0|x"));
+        pipe.zadd(&scheduled, &id, now - 5_000 + i);
+    }
+    let _: () = pipe.query(&mut t.conn).unwrap();
+    t.put("fresh", "x", now, "");
+    let (taken, held, unseen, _) = reserve_capped(&mut t, 2, "0");
+    assert!(
+        taken.is_empty(),
+        "the first attempt lies beyond the bound: {taken:?}"
+    );
+    assert_eq!(held, 1_002, "limit + 1000 looked at");
+    assert_eq!(unseen, 1, "stopped at its bound");
+    // Reached once fewer retries are ahead of it.
+    let (_, ahead, _) = t.reserve(200);
+    assert_eq!(ahead.len(), 200);
+    let (taken, _, unseen, _) = reserve_capped(&mut t, 2, "0");
+    assert_eq!(taken, [("fresh".into(), 1)]);
+    assert_eq!(unseen, 0);
 }
 
 // ----------------------------------------------------------- rolling upgrade

@@ -11,11 +11,14 @@
 //! client and what an answer means, with `resolve.rs` the address guard under the
 //! client of jobs' own URLs; `request.rs` the request a job becomes, signed by
 //! `sign.rs` (Standard Webhooks); `health.rs` each target's breaker (a held target's
-//! topics are not reserved at all; a half-open one gets its one probe job).
+//! topics are not reserved at all; a half-open one gets its one probe job); `lanes.rs`
+//! the retry lane: at most `retry_share` of the slots to retries while first attempts
+//! wait (the round's capped reserve).
 
 mod client;
 mod delivery;
 mod health;
+mod lanes;
 mod request;
 mod resolve;
 mod sign;
@@ -32,9 +35,10 @@ use tokio_util::task::TaskTracker;
 use client::Client;
 use delivery::{Delivery, Releases};
 use health::{Allow, Health};
+use lanes::Lanes;
 pub use request::FORWARDED_PREFIX;
 
-use super::reserve::{Core, RESERVE_GROUP};
+use super::reserve::{Core, Held, RESERVE_GROUP};
 use super::settle::Settler;
 use super::sink::{Round, RoundError, Sink};
 use super::ticket::Reserved;
@@ -52,6 +56,16 @@ struct Target {
     meter: OnceLock<Arc<TargetMeter>>,
     /// When a request of it last started, in µs since [`WebhookSinks::epoch`].
     last_send_us: AtomicU64,
+    /// Its retries in flight and their cap.
+    lanes: Lanes,
+}
+
+/// A round's due topics by target (see [`WebhookSinks::split_by_target`]).
+#[derive(Debug, Default)]
+struct Split {
+    hooks: Vec<(usize, Vec<Topic>)>,
+    full: HashSet<Topic>,
+    partial: HashSet<usize>,
 }
 
 /// Every configured target.
@@ -90,6 +104,7 @@ impl WebhookSinks {
                     client: Arc::new(Client::new(t.clone())?),
                     meter: OnceLock::new(),
                     last_send_us: AtomicU64::new(0),
+                    lanes: Lanes::new(t.max_in_flight, t.retry_share),
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -113,28 +128,34 @@ impl WebhookSinks {
 
     /// Groups due topics by target, each target's list cut to its free slots; also
     /// returns the topics left out for want of a slot (served again once a request
-    /// ends).
-    fn split_by_target(&self, due: Vec<Topic>) -> (Vec<(usize, Vec<Topic>)>, HashSet<Topic>) {
-        let mut hooks: Vec<(usize, Vec<Topic>)> = Vec::new();
-        let mut full = HashSet::new();
+    /// ends) or held by the retry lane, and the targets that had some left out (their
+    /// round cannot tell that no first attempt waits).
+    fn split_by_target(&self, due: Vec<Topic>) -> Split {
+        let mut split = Split::default();
         for topic in due {
             let Some(index) = self.target_of(&topic) else {
                 continue;
             };
+            if self.targets[index].lanes.blocked(&topic) {
+                split.partial.insert(index);
+                split.full.insert(topic);
+                continue;
+            }
             let room = match self.health.allow(index) {
                 Allow::All => self.room(index),
                 Allow::Probe => self.room(index).min(1),
                 Allow::Nothing => 0,
             };
-            match hooks.iter_mut().find(|(i, _)| *i == index) {
+            match split.hooks.iter_mut().find(|(i, _)| *i == index) {
                 Some((_, topics)) if topics.len() < room => topics.push(topic),
-                None if room > 0 => hooks.push((index, vec![topic])),
+                None if room > 0 => split.hooks.push((index, vec![topic])),
                 _ => {
-                    full.insert(topic);
+                    split.partial.insert(index);
+                    split.full.insert(topic);
                 }
             }
         }
-        (hooks, full)
+        split
     }
 
     /// Free slots of target `index` worth a reserve. A busy target's first free slots
@@ -181,6 +202,7 @@ impl WebhookSinks {
             .meter
             .get_or_init(|| settler.metrics.webhooks.meter(&target.client.target.name))
             .clone();
+        let retry = target.lanes.start(reserved.job.attempt);
         let delivery = Delivery {
             client: target.client.clone(),
             meter,
@@ -192,7 +214,80 @@ impl WebhookSinks {
             index,
             probe,
         };
-        self.tasks.spawn(delivery.run(slot));
+        self.tasks.spawn(async move {
+            let _retry = retry;
+            delivery.run(slot).await;
+        });
+    }
+
+    /// Reserves for target `index`'s due `topics` at most its free slots' worth and
+    /// sends them. While first attempts wait, retries get at most the target's retry
+    /// slots left (`lanes.rs`); if none waits (`all_seen`: `topics` are all its due
+    /// topics), the retries held fill the free slots.
+    async fn serve(
+        &self,
+        index: usize,
+        topics: &[Topic],
+        all_seen: bool,
+        core: &mut Core<'_>,
+    ) -> Result<(), RoundError> {
+        let room = self.room(index);
+        let Some(target) = self.targets.get(index).filter(|_| room > 0) else {
+            return Ok(());
+        };
+        let each = (room / topics.len()).clamp(1, core.batch());
+        let Some(cap) = target.lanes.cap(room) else {
+            return self.reserve_and_send(index, topics, each, core).await;
+        };
+        let caps = lanes::split(cap, topics.len());
+        let (mut held, mut stuck, mut unseen) = (Vec::new(), Vec::new(), false);
+        for (group, caps) in topics.chunks(RESERVE_GROUP).zip(caps.chunks(RESERVE_GROUP)) {
+            for (topic, jobs, left) in core.reserve_capped(group, each, caps).await? {
+                let Held {
+                    retries,
+                    unseen: more,
+                } = left;
+                unseen |= more;
+                if retries > 0 && jobs.is_empty() {
+                    stuck.push(topic.clone());
+                }
+                if retries > 0 {
+                    held.push(topic);
+                }
+                for reserved in jobs {
+                    self.send(index, reserved, core.settler(), false).await;
+                }
+            }
+        }
+        // No first attempt due in any of its topics: the held retries may fill the rest.
+        let free = target.slots.available_permits();
+        if unseen || !all_seen || held.is_empty() || free == 0 {
+            // Those that gave nothing but retries wait for one to end, not rescanned.
+            for topic in stuck {
+                target.lanes.block(topic);
+            }
+            return Ok(());
+        }
+        let each = (free / held.len()).clamp(1, core.batch());
+        self.reserve_and_send(index, &held, each, core).await
+    }
+
+    /// Reserves up to `each` jobs of every topic of `topics` (no cap) and sends them.
+    async fn reserve_and_send(
+        &self,
+        index: usize,
+        topics: &[Topic],
+        each: usize,
+        core: &mut Core<'_>,
+    ) -> Result<(), RoundError> {
+        for group in topics.chunks(RESERVE_GROUP) {
+            for (_, jobs) in core.reserve(group, each).await? {
+                for reserved in jobs {
+                    self.send(index, reserved, core.settler(), false).await;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -245,7 +340,11 @@ impl Sink for WebhookSinks {
                         .await;
                 }
             }
-            let (hooks, full) = self.split_by_target(due);
+            let Split {
+                hooks,
+                full,
+                partial,
+            } = self.split_by_target(due);
             if hooks.is_empty() {
                 // Nothing due, or only topics of targets without a free slot: nap
                 // until a slot frees, a hint, or the next topic that can be served.
@@ -261,14 +360,8 @@ impl Sink for WebhookSinks {
                     }
                     _ => continue,
                 }
-                let each = (room / topics.len()).clamp(1, core.batch());
-                for group in topics.chunks(RESERVE_GROUP) {
-                    for (_, jobs) in core.reserve(group, each).await? {
-                        for reserved in jobs {
-                            self.send(index, reserved, core.settler(), false).await;
-                        }
-                    }
-                }
+                let all_seen = !partial.contains(&index);
+                self.serve(index, &topics, all_seen, core).await?;
             }
             Ok(Round::Served)
         })

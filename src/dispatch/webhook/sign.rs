@@ -56,19 +56,47 @@ pub(super) fn webhook_id(
 mod tests {
     use super::*;
 
+    /// The Standard Webhooks specification's known-answer vector (its reference
+    /// libraries' `test_sign_function`): secret `whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw`,
+    /// id `msg_p5jXN8AQM9LWM0D4loKWxJek`, timestamp 1614265330, body
+    /// `{"test": 2432232314}`.
+    const VECTOR_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    const VECTOR_ID: &str = "msg_p5jXN8AQM9LWM0D4loKWxJek";
+    const VECTOR_TIMESTAMP: u64 = 1_614_265_330;
+    const VECTOR_BODY: &[u8] = br#"{"test": 2432232314}"#;
+    const VECTOR_SIGNATURE: &str = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
+
     #[test]
-    fn the_standard_webhooks_example_signature() {
-        // From the Standard Webhooks specification's test vectors.
-        let key = base64::engine::general_purpose::STANDARD
-            .decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
-            .unwrap();
-        let sig = signature(
-            &[&key],
-            "msg_p5jXN8AQM9LWM0D4loKWxJek",
-            1614265330,
-            br#"{"test": 2432232314}"#,
-        );
-        assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+    fn the_standard_webhooks_known_answer_vector() {
+        // The secret read as a target's configured secret is, `whsec_` and all.
+        let key = crate::targets::secret_key(VECTOR_SECRET).expect("the spec's secret");
+        let sig = signature(&[&key], VECTOR_ID, VECTOR_TIMESTAMP, VECTOR_BODY);
+        assert_eq!(sig, VECTOR_SIGNATURE);
+        // The spec's tests: one byte of the body, the id or the time changes it.
+        for (id, timestamp, body) in [
+            (
+                "msg_p5jXN8AQM9LWM0D4loKWxJeK",
+                VECTOR_TIMESTAMP,
+                VECTOR_BODY,
+            ),
+            (VECTOR_ID, VECTOR_TIMESTAMP + 1, VECTOR_BODY),
+            (VECTOR_ID, VECTOR_TIMESTAMP, &br#"{"test": 2432232315}"#[..]),
+        ] {
+            assert_ne!(signature(&[&key], id, timestamp, body), VECTOR_SIGNATURE);
+        }
+    }
+
+    #[test]
+    fn during_a_rotation_each_key_signs_and_the_vectors_signature_is_among_them() {
+        let key = crate::targets::secret_key(VECTOR_SECRET).expect("the spec's secret");
+        let other = crate::targets::secret_key("whsec_c2Vjb25kIHNlY3JldCBkdXJpbmcgcm90YXRpb24=")
+            .expect("a second secret");
+        let both = signature(&[&other, &key], VECTOR_ID, VECTOR_TIMESTAMP, VECTOR_BODY);
+        let parts: Vec<&str> = both.split(' ').collect();
+        assert_eq!(parts.len(), 2, "{both}");
+        assert_eq!(parts[1], VECTOR_SIGNATURE, "in the order listed");
+        assert_ne!(parts[0], VECTOR_SIGNATURE);
+        assert!(parts[0].starts_with("v1,"));
     }
 
     #[test]

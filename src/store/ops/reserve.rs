@@ -1,5 +1,7 @@
 //! `lua/reserve.lua` and `lua/pull.lua`: taking due jobs, under a reservation (one
 //! topic, or many in one round trip) or deleted at once, and the batch they answer.
+//! [`Store::reserve_many_capped`] passes `lua/reserve.lua`'s `retry_cap` (the webhook
+//! sink's lanes); the plain calls pass no cap and cost what they did.
 
 use std::time::Duration;
 
@@ -50,6 +52,11 @@ pub struct Batch {
     /// When the rate limit lets the next job go (`None`: no limit applies); plan the
     /// topic for the later of this and `next_due`.
     pub next_token: Option<i64>,
+    /// With a retry cap: due retries the cap left scheduled in this call.
+    pub held_retries: u64,
+    /// With a retry cap: due jobs the call did not look at may wait (it stopped at its
+    /// limit or its scan bound). `false` with retries held: no first attempt is due.
+    pub unseen: bool,
 }
 
 impl Store {
@@ -80,6 +87,37 @@ impl Store {
             .iter()
             .map(|topic| self.reserve_call(topic, ttr, limit))
             .collect();
+        self.reserve_calls(topics, calls).await
+    }
+
+    /// [`Store::reserve_many`] with a retry cap per topic (`caps[i]` for `topics[i]`):
+    /// at most that many of a topic's jobs taken may be retries (attempt > 1); due
+    /// retries past it stay scheduled and first attempts behind them are taken
+    /// (`retry_cap` of `lua/reserve.lua`). Each batch says how many retries it held
+    /// and whether due jobs went unseen.
+    pub async fn reserve_many_capped(
+        &self,
+        topics: &[Topic],
+        ttr: Duration,
+        limit: usize,
+        caps: &[usize],
+    ) -> Result<Vec<Batch>, StoreError> {
+        let calls: Vec<Call> = topics
+            .iter()
+            .zip(caps)
+            .map(|(topic, cap)| {
+                self.reserve_call(topic, ttr, limit)
+                    .arg((*cap).min(MAX_BATCH))
+            })
+            .collect();
+        self.reserve_calls(topics, calls).await
+    }
+
+    async fn reserve_calls(
+        &self,
+        topics: &[Topic],
+        calls: Vec<Call>,
+    ) -> Result<Vec<Batch>, StoreError> {
         let replies = self.exec.run(&calls).await?;
         let mut batches = Vec::with_capacity(topics.len());
         let mut skipped = Vec::new();
@@ -96,6 +134,8 @@ impl Store {
                         paused: false,
                         throttled: 0,
                         next_token: None,
+                        held_retries: 0,
+                        unseen: false,
                     });
                 }
             }
@@ -196,6 +236,15 @@ fn decode_batch(script: &'static str, value: Value) -> Result<Batch, StoreError>
     } else {
         (0, None)
     };
+    // Only a reserve with a retry cap answers these two.
+    let (held_retries, unseen) = if reply.remaining() >= 2 {
+        (
+            u64::try_from(reply.int("held")?).unwrap_or(0),
+            reply.int("unseen")? == 1,
+        )
+    } else {
+        (0, false)
+    };
     Ok(Batch {
         now,
         next_due,
@@ -204,6 +253,8 @@ fn decode_batch(script: &'static str, value: Value) -> Result<Batch, StoreError>
         paused,
         throttled,
         next_token,
+        held_retries,
+        unseen,
     })
 }
 
