@@ -12,7 +12,7 @@ for deps in scripts/*-deps.sh; do [ -f "$deps" ] && bash "$deps"; done
 
 # Ignored for another reason than "slow:": run by hand, never here (tests/tidy.rs checks
 # that every ignored test is one or the other).
-BY_HAND=(unlimited_path_cost partitioned_chaos_without_broker_restarts_keeps_the_promise)
+BY_HAND=(unlimited_path_cost a_retry_storm_leaves_first_attempts_p99_within_twice_its_lateness_alone partitioned_chaos_without_broker_restarts_keeps_the_promise)
 
 cargo_args=() test_args=()
 while (($#)); do
