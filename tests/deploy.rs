@@ -332,9 +332,19 @@ async fn dashboard_and_rules_name_only_metrics_a_live_bridge_exposes() {
     let mut config = test_config("deploy");
     config.http.enabled = true;
     config.http.listen = format!("127.0.0.1:{}", free_port());
+    // A webhook target with one delivery, so its health gauge (the alert rules') shows.
+    let receiver = common::receiver::Receiver::start().await;
+    config.targets = vec![redisched::targets::TargetConfig {
+        name: "deployhook".into(),
+        topics: vec!["deploy.hook.#".into()],
+        url: receiver.url("/"),
+        ..redisched::targets::TargetConfig::default()
+    }];
+    config.validate().expect("valid test config");
     let base = format!("http://{}", config.http.listen);
     let broker = Broker::new(&config).await;
     let bridge = InProcess::start(&config);
+    broker.put("deploy.hook.a", "hooked", b"", &[]).await;
 
     // A fresh bridge, nothing scheduled: every family must already be there, but for
     // the labelled counters a family shows only once it has a series: one job expires
@@ -355,14 +365,16 @@ async fn dashboard_and_rules_name_only_metrics_a_live_bridge_exposes() {
         if let Ok(response) = client.get(format!("{base}/metrics")).send().await {
             if response.status() == 200 {
                 let text = response.text().await.expect("body");
-                if text.contains("redisched_jobs_expired_total{") {
+                if text.contains("redisched_jobs_expired_total{")
+                    && text.contains("redisched_webhook_target_state{")
+                {
                     break text;
                 }
             }
         }
         assert!(
             Instant::now() < deadline,
-            "no /metrics with the expired job within 20 s"
+            "no /metrics with the expired job and the target's state within 20 s"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
