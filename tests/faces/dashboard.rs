@@ -1271,15 +1271,16 @@ async fn webhook_targets_show_and_a_failing_one_stands_out() {
         &client,
         "return [...document.querySelectorAll('#targets tr')].map(r => \
            [r.children[0].textContent, r.classList.contains('failing'), \
-            r.lastElementChild.classList.contains('bad'), r.lastElementChild.title, \
-            r.lastElementChild.textContent]);",
+            r.querySelector('td.last-status').classList.contains('bad'), \
+            r.querySelector('td.last-status').title, \
+            r.querySelector('td.last-status').textContent, r.lastElementChild.textContent]);",
     )
     .await;
     assert_eq!(
         rows,
         json!([
-            ["billing", false, false, "", "200"],
-            ["mailer", true, true, error, "503"]
+            ["billing", false, false, "", "200", "closed"],
+            ["mailer", true, true, error, "503", "closed"]
         ]),
         "{rows}"
     );
