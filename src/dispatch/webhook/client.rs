@@ -104,18 +104,29 @@ impl Client {
         })
     }
 
-    /// POSTs one job and says what came of it; also returns how long it took.
-    pub(super) async fn post(&self, job: &Outgoing<'_>) -> (Result<Delivered, Failure>, Duration) {
+    /// POSTs one job and says what came of it; also returns how long it took, and
+    /// whether it was meant for the target's own URL rather than a job's own (only
+    /// those answers tell of the target's health).
+    pub(super) async fn post(
+        &self,
+        job: &Outgoing<'_>,
+    ) -> (Result<Delivered, Failure>, Duration, bool) {
         let started = Instant::now();
-        let result = self.try_post(job).await;
-        (result, started.elapsed())
+        let own = own_url(job.props);
+        let to_target = !matches!(own, Ok(Some(_)));
+        let result = self.try_post(job, own).await;
+        (result, started.elapsed(), to_target)
     }
 
-    async fn try_post(&self, job: &Outgoing<'_>) -> Result<Delivered, Failure> {
+    async fn try_post(
+        &self,
+        job: &Outgoing<'_>,
+        own: Result<Option<String>, String>,
+    ) -> Result<Delivered, Failure> {
         let name = &self.target.name;
         // A job's own URL is checked again here (the configuration may have changed
         // since ingest), and what is requested is exactly the URL that was checked.
-        let (parsed, http, own) = match own_url(job.props).map_err(|r| failure("url", r))? {
+        let (parsed, http, own) = match own.map_err(|r| failure("url", r))? {
             None => (self.url.clone(), &self.http, None),
             Some(raw) => {
                 let checked = self

@@ -70,10 +70,10 @@ impl Delivery {
             trace: trace.as_ref(),
         };
         meter.started();
-        let (result, took) = client.post(&outgoing).await;
+        let (result, took, to_target) = client.post(&outgoing).await;
         // Only the target's own URL tells of its health (before the slot frees, so the
         // next round sees a failure).
-        if !matches!(crate::job::meta::own_url(&props), Ok(Some(_))) {
+        if to_target {
             health.outcome(index, probe, judge(&result));
         }
         record_answer(&span, &result);
