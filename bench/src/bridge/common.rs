@@ -123,13 +123,31 @@ pub(crate) struct Bridge {
     pub started: Instant,
 }
 
+/// The `REDISCHED_*` variables of `config` that differ from the defaults. Naming only
+/// what a run changed lets it start an older `redisched` (compare's baseline), whose
+/// strict loader refuses keys it does not know.
+fn changed_env(config: &Config) -> Vec<(String, String)> {
+    let defaults: std::collections::HashSet<(String, String)> =
+        Config::default().to_env().into_iter().collect();
+    config
+        .to_env()
+        .into_iter()
+        .filter(|var| !defaults.contains(var))
+        .collect()
+}
+
 impl Bridge {
     pub(crate) fn start(env: &Env, config: &Config) -> Result<Self> {
         let config = env.with_bridge_set(config.clone())?;
-        let process = ChildBridge::spawn(&env.bridge_bin, &config, Stdio::null(), Stdio::inherit())
+        let child = std::process::Command::new(&env.bridge_bin)
+            .arg("run")
+            .envs(changed_env(&config))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
             .with_context(|| format!("spawn {} run", env.bridge_bin.display()))?;
         Ok(Self {
-            process,
+            process: ChildBridge { child },
             started: Instant::now(),
         })
     }
@@ -145,7 +163,7 @@ impl Bridge {
             .arg("--config")
             .arg(file)
             .arg("run")
-            .envs(config.to_env())
+            .envs(changed_env(config))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

@@ -263,14 +263,22 @@ pub(crate) fn write_targets(config: &Config, file: &Path) -> Result<()> {
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("bench config: {e}"))?;
-    #[derive(serde::Serialize)]
-    struct TargetsOnly<'a> {
-        targets: &'a [TargetConfig],
+    // Each target's keys that differ from a default target: an older `redisched`
+    // (compare's baseline), which knows fewer keys, reads the file as well.
+    let default = toml::Value::try_from(TargetConfig::default()).context("a default target")?;
+    let mut targets = Vec::new();
+    for target in &config.targets {
+        let toml::Value::Table(mut keys) =
+            toml::Value::try_from(target).context("write the targets as TOML")?
+        else {
+            bail!("a target is not a TOML table");
+        };
+        keys.retain(|key, value| default.get(key) != Some(value));
+        targets.push(toml::Value::Table(keys));
     }
-    let text = toml::to_string(&TargetsOnly {
-        targets: &config.targets,
-    })
-    .context("write the targets as TOML")?;
+    let mut root = toml::map::Map::new();
+    root.insert("targets".into(), toml::Value::Array(targets));
+    let text = toml::to_string(&root).context("write the targets as TOML")?;
     std::fs::write(file, text).with_context(|| format!("write {}", file.display()))
 }
 
