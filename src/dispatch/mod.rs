@@ -8,22 +8,21 @@
 //! sink's round. Due-ness itself is decided by the reserve script on the Redis
 //! server's clock, so waking early is harmless and a job is never sent early.
 //!
-//! Here: the [`Dispatcher`], its loops and where routes are chosen ([`routes`]).
-//! Beside it, shared by every sink: `sink.rs` the seam (the [`Sink`] trait,
-//! [`Routes`]), `plan.rs` the plan, `clock.rs` the server clock, `reserve.rs` the
-//! reserve and each job's triage, `ticket.rs` a reserved job and its settle ticket,
-//! `set_aside.rs` expired jobs set aside, `settle.rs` every outcome (release, failure,
-//! backoff). One folder per sink: `amqp/` (the ready exchange, per AMQP session) and
-//! `webhook/` (`[[targets]]`, for the whole process); the two never import each other.
+//! Here: the [`Dispatcher`], its loops, the [`Core`] each turn lends the sink's round,
+//! and where routes are chosen ([`routes`]). Beside it, shared by every sink: `sink.rs`
+//! the seam (the [`Sink`] trait, [`Routes`]), `plan.rs` the plan and the server clock,
+//! `reserve.rs` the reserve (`Core`'s methods) and each job's triage into a [`Reserved`]
+//! job with its settle [`Ticket`], `set_aside.rs` expired jobs set aside, `settle.rs`
+//! every outcome (release, failure, backoff). One folder per sink: `amqp/` (the ready
+//! exchange, per AMQP session) and `webhook/` (`[[targets]]`, for the whole process);
+//! the two never import each other.
 
 mod amqp;
-mod clock;
 mod plan;
 mod reserve;
 mod set_aside;
 mod settle;
 mod sink;
-mod ticket;
 mod webhook;
 
 use std::collections::HashSet;
@@ -41,13 +40,11 @@ use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
 use crate::store::{DueHints, Store, StoreError};
 use amqp::AmqpSink;
-pub use clock::ServerClock;
-pub use plan::Plan;
-pub use reserve::{Core, Held, RESERVE_GROUP};
+pub use plan::{Plan, ServerClock};
+pub use reserve::{Held, Reserved, Ticket, RESERVE_GROUP};
 pub use set_aside::SetAside;
 pub use settle::{retry_delay, Settler};
 pub use sink::{Round, RoundError, Route, Routes, Sink};
-pub use ticket::{Reserved, Ticket};
 pub use webhook::{slots_worth_a_reserve, WebhookSinks, FORWARDED_PREFIX};
 
 /// Topics whose earliest due time one rescan step re-reads.
@@ -87,6 +84,33 @@ pub struct Dispatcher {
     pub routes: Arc<Routes>,
     /// Expired jobs, judged and set aside for every sink.
     pub set_aside: Arc<SetAside>,
+}
+
+/// What a sink's round borrows from its loop: the reserve (its methods are in
+/// `reserve.rs`), and where outcomes go. Each turn of its loop lends one.
+#[derive(Debug)]
+pub struct Core<'a> {
+    dispatcher: &'a Dispatcher,
+    plan: &'a mut Plan,
+    settler: &'a Arc<Settler>,
+    shutdown: &'a CancellationToken,
+}
+
+impl Core<'_> {
+    /// Where the sink reports each job's outcome.
+    pub fn settler(&self) -> &Arc<Settler> {
+        self.settler
+    }
+
+    /// The bridge's shutdown: a round that waits gives up when it comes.
+    pub fn shutdown(&self) -> &CancellationToken {
+        self.shutdown
+    }
+
+    /// `dispatch.batch`: the most jobs of one topic a reserve takes.
+    pub fn batch(&self) -> usize {
+        self.dispatcher.config.dispatch.batch
+    }
 }
 
 impl Dispatcher {

@@ -1,21 +1,25 @@
 //! The reserve, for every sink: one round trip for a group of due topics
 //! (`lua/reserve.lua`, which alone decides what is due and applies rate limits), the
 //! plan and the server clock corrected from its replies, and each job triaged before a
-//! sink sees it: its settle ticket made (`ticket.rs`); a series occurrence whose next
-//! one cannot be computed failed; an expired job set aside (`set_aside.rs`). What is
-//! left goes to the sink's round, to be sent.
+//! sink sees it: its settle [`Ticket`] made (what releasing or handing it back needs,
+//! whichever sink delivers it); a series occurrence whose next one cannot be computed
+//! failed; an expired job (judged here by the rule of `src/job/expiry.rs`) set aside
+//! (`set_aside.rs`). What is left goes to the sink's round as [`Reserved`] jobs, to be
+//! sent. Here are the reserve methods of [`Core`]; the struct itself is in `mod.rs`,
+//! beside the turn that builds it.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
+use lapin::protocol::basic::AMQPProperties;
 
-use super::plan::Plan;
-use super::settle::Settler;
-use super::ticket::{Reserved, Ticket};
-use super::Dispatcher;
+use super::Core;
+use crate::job::expiry;
+use crate::job::meta::{decode_meta, jitter_of};
+use crate::job::schedule::Schedule;
 use crate::job::Topic;
-use crate::store::{Batch, ReservedJob, StoreError};
+use crate::policy::Policies;
+use crate::store::{Batch, Lease, ReservedJob, StoreError};
+use crate::telemetry::{self, Via};
 
 /// Due topics reserved from in one round trip at most.
 pub const RESERVE_GROUP: usize = 64;
@@ -28,31 +32,7 @@ pub struct Held {
     pub unseen: bool,
 }
 
-/// What a sink's round borrows from its loop: the reserve, and where outcomes go.
-#[derive(Debug)]
-pub struct Core<'a> {
-    pub(super) dispatcher: &'a Dispatcher,
-    pub(super) plan: &'a mut Plan,
-    pub(super) settler: &'a Arc<Settler>,
-    pub(super) shutdown: &'a CancellationToken,
-}
-
 impl Core<'_> {
-    /// Where the sink reports each job's outcome.
-    pub fn settler(&self) -> &Arc<Settler> {
-        self.settler
-    }
-
-    /// The bridge's shutdown: a round that waits gives up when it comes.
-    pub fn shutdown(&self) -> &CancellationToken {
-        self.shutdown
-    }
-
-    /// `dispatch.batch`: the most jobs of one topic a reserve takes.
-    pub fn batch(&self) -> usize {
-        self.dispatcher.config.dispatch.batch
-    }
-
     /// Reserves up to `each` jobs of every topic of `group` (keep it to
     /// [`RESERVE_GROUP`]) in one round trip, corrects the plan and the clock from the
     /// replies, and returns each topic's jobs to deliver (expired ones set aside and
@@ -149,11 +129,212 @@ impl Core<'_> {
                 }
             };
             let mut reserved = Reserved::new(job, ticket, throttled);
-            match set_aside.expired(&mut reserved, self.dispatcher.clock.now()) {
+            match reserved.expired(&set_aside.policies, self.dispatcher.clock.now()) {
                 Some(ms) => set_aside.take(reserved, ms, self.settler),
                 None => deliver.push(reserved),
             }
         }
         deliver
+    }
+}
+
+/// What settling one reserved job needs, whichever sink delivers it.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    pub(crate) lease: Lease,
+    /// A series occurrence: released with its next occurrence.
+    pub(crate) schedule: Option<Schedule>,
+    /// When the job was due: a series occurrence's scheduled time plus its jitter.
+    pub(crate) due_at: i64,
+    /// The occurrence's scheduled time (the record's `due_at`, the series' grid).
+    pub(crate) scheduled_at: i64,
+    /// The series' `x-redisched-jitter` (0: none): the next occurrence's delay.
+    pub(crate) jitter_ms: u64,
+    pub(crate) attempt: u32,
+    /// For the `dispatched` history entry (a webhook's `HTTP 200`); empty for AMQP.
+    pub(crate) note: String,
+    /// Not delivered: expired `expires_after` ms after its due time, and set aside to
+    /// the expired exchange instead. Released all the same, logged `expired`.
+    pub(crate) expired: Option<u64>,
+}
+
+impl Ticket {
+    /// The ticket of a job reserved from `topic`. A series occurrence is delivered only
+    /// if its next occurrence can be computed at release: a spec in another client's
+    /// convention is `Err` (the job's failure), with its lease.
+    ///
+    /// A jittered series (`x-redisched-jitter` in its stored properties) is due at its
+    /// scheduled time (the record's `due_at`) plus the occurrence's delay: that is the
+    /// ticket's `due_at`. An occurrence reserved before that time was scheduled without
+    /// its delay (released by a bridge of the release before jitter, or re-indexed by
+    /// `check --repair` at its record's time): it is due at its scheduled time, never
+    /// reported later than it was due.
+    pub(crate) fn of(topic: &Topic, job: &ReservedJob) -> Result<Self, (Lease, String)> {
+        let lease = Lease {
+            topic: topic.clone(),
+            id: job.id.clone(),
+            token: job.token,
+        };
+        let schedule = match job.spec.as_deref().map(Schedule::from_spec) {
+            None => None,
+            Some(Ok(schedule)) => Some(schedule),
+            Some(Err(err)) => return Err((lease, format!("unreadable schedule spec: {err}"))),
+        };
+        let jitter_ms = match &schedule {
+            Some(_) => decode_meta(&job.meta).map_or(0, |props| jitter_of(&props)),
+            None => 0,
+        };
+        let delay = match &schedule {
+            Some(schedule) if jitter_ms > 0 => {
+                schedule.occurrence_delay(topic.as_str(), &job.id, job.due_at, jitter_ms)
+            }
+            _ => 0,
+        };
+        let jittered = job.due_at.saturating_add(i64::try_from(delay).unwrap_or(0));
+        Ok(Self {
+            lease,
+            schedule,
+            due_at: if jittered <= job.reserved_at {
+                jittered
+            } else {
+                job.due_at
+            },
+            scheduled_at: job.due_at,
+            jitter_ms,
+            attempt: job.attempt,
+            note: String::new(),
+            expired: None,
+        })
+    }
+
+    /// This ticket, for a job set aside as expired `ms` after its due time.
+    pub(crate) fn expired_after(self, ms: u64) -> Self {
+        let reason = expiry::reason(ms);
+        Self {
+            note: reason
+                .strip_prefix("expired: ")
+                .unwrap_or(&reason)
+                .to_owned(),
+            expired: Some(ms),
+            ..self
+        }
+    }
+
+    pub fn topic(&self) -> &Topic {
+        &self.lease.topic
+    }
+
+    pub fn id(&self) -> &str {
+        &self.lease.id
+    }
+
+    /// When the job was due (a series occurrence's jittered time), server epoch ms.
+    pub fn due_at(&self) -> i64 {
+        self.due_at
+    }
+
+    /// Its delivery attempt, 1 for the first.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+}
+
+/// A reserved job to deliver, with its ticket (one not expired and not failed already).
+#[derive(Debug)]
+pub struct Reserved {
+    pub job: ReservedJob,
+    pub ticket: Ticket,
+    /// Its stored properties, once decoded (the expiry check may have needed them).
+    props: Option<AMQPProperties>,
+    /// The reserve call that took it held due jobs of its topic back (rate limit).
+    throttled: bool,
+}
+
+impl Reserved {
+    pub(crate) fn new(job: ReservedJob, ticket: Ticket, throttled: bool) -> Self {
+        Self {
+            job,
+            ticket,
+            props: None,
+            throttled,
+        }
+    }
+
+    /// This attempt as its delivery span describes it (`telemetry::delivery_span`).
+    pub(crate) fn attempt_via<'a>(&'a self, via: Via<'a>) -> telemetry::Delivery<'a> {
+        let (job, ticket) = (&self.job, &self.ticket);
+        telemetry::Delivery {
+            via,
+            topic: ticket.lease.topic.as_str(),
+            id: &job.id,
+            attempt: job.attempt,
+            due_at: ticket.due_at,
+            scheduled_at: ticket.schedule.as_ref().map(|_| ticket.scheduled_at),
+            reserved_at: job.reserved_at,
+            throttled: self.throttled,
+        }
+    }
+
+    /// The job's stored properties (content type, headers, its own URL), decoded once;
+    /// unreadable ones are logged and delivered as none.
+    pub fn properties(&mut self) -> &AMQPProperties {
+        let (topic, job) = (&self.ticket.lease.topic, &self.job);
+        self.props.get_or_insert_with(|| {
+            decode_meta(&job.meta).unwrap_or_else(|err| {
+                tracing::warn!(%topic, id = %job.id, %err, "job metadata unreadable; delivering without it");
+                AMQPProperties::default()
+            })
+        })
+    }
+
+    /// How long after its due time this job expired, if it had at `now` (the server's
+    /// clock): the rule is `job::expiry`'s, with `policies`' defaults. Its meta is
+    /// decoded only where expiry may apply.
+    pub(crate) fn expired(&mut self, policies: &Policies, now: i64) -> Option<u64> {
+        if !expiry::may_expire(policies, &self.ticket.lease.topic, &self.job.meta) {
+            return None;
+        }
+        let (topic, due_at) = (self.ticket.lease.topic.clone(), self.ticket.due_at);
+        let ms = expiry::expires_after(policies, &topic, self.properties()).unwrap_or_else(|err| {
+            tracing::warn!(%topic, %err, "unreadable expiry header; the job does not expire");
+            0
+        });
+        expiry::is_expired(due_at, ms, now).then_some(ms)
+    }
+
+    /// [`Self::properties`], taken out.
+    pub fn take_properties(&mut self) -> AMQPProperties {
+        self.properties();
+        self.props.take().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_expired_ticket_carries_the_reason_as_its_note() {
+        let ticket = Ticket {
+            lease: Lease {
+                topic: Topic::new("t").unwrap(),
+                id: "a".into(),
+                token: 3,
+            },
+            schedule: None,
+            due_at: 1_000,
+            scheduled_at: 1_000,
+            jitter_ms: 0,
+            attempt: 2,
+            note: String::new(),
+            expired: None,
+        };
+        let marked = ticket.expired_after(250);
+        assert_eq!(marked.expired, Some(250));
+        assert_eq!(
+            marked.note,
+            "not delivered within 250 ms after its due time"
+        );
+        assert_eq!((marked.due_at, marked.attempt), (1_000, 2));
     }
 }

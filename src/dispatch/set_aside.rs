@@ -1,11 +1,12 @@
-//! Expired jobs set aside, whatever their sink (the rule of when a job has expired is
-//! `job/expiry.rs`'s). Right after a reserve (`reserve.rs`), a job whose due time +
+//! Expired jobs set aside, whatever their sink. Right after a reserve, `reserve.rs`
+//! judges each job by the rule of `src/job/expiry.rs`: one whose due time +
 //! expires-after (its own `x-redisched-expires-after`, else its topic's `[[policies]]`
-//! default; 0 = never) lies before the server's clock never reaches its sink: it is
-//! published to the expired exchange instead (body and properties as a delivery would
-//! carry them, plus `x-redisched-error`), and released only once the broker confirmed
-//! that copy without returning it, logged `expired`. Nothing vanishes: until then it
-//! stays reserved, and a failed copy hands it back.
+//! default; 0 = never) lies before the server's clock never reaches its sink, and comes
+//! here instead (only expired jobs enter this file): it is published to the expired
+//! exchange (body and properties as a delivery would carry them, plus
+//! `x-redisched-error`), and released only once the broker confirmed that copy without
+//! returning it, logged `expired`. Nothing vanishes: until then it stays reserved, and a
+//! failed copy hands it back.
 //!
 //! The set-aside publishes on a confirm channel of its own, opened on the dispatch
 //! stage's AMQP connection for as long as that session lives (`Dispatcher::run_session`),
@@ -27,8 +28,8 @@ use tracing::Span;
 
 use super::amqp::confirm::{Confirmer, InFlight};
 use super::amqp::publish::{outgoing_properties, publish};
+use super::reserve::Reserved;
 use super::settle::Settler;
-use super::ticket::Reserved;
 use crate::config::Config;
 use crate::job::headers;
 use crate::job::Topic;
@@ -36,10 +37,11 @@ use crate::log_throttle::LogThrottle;
 use crate::policy::Policies;
 use crate::store::ReservedJob;
 
-/// Judges expired jobs and sets them aside; shared by every sink's loop.
+/// Sets expired jobs aside; shared by every sink's loop.
 #[derive(Debug)]
 pub struct SetAside {
-    policies: Policies,
+    /// The `[[policies]]`, whose `expires_after_ms` defaults the reserve judges expiry by.
+    pub(super) policies: Policies,
     exchange: String,
     window: usize,
     /// Its confirm channel and confirmer while a dispatch session is open.
@@ -99,17 +101,6 @@ impl SetAside {
         })
     }
 
-    /// The expiry of a reserved job that expired at `now` (server clock), if it did.
-    /// Its meta is decoded only where expiry may apply.
-    pub(crate) fn expired(&self, reserved: &mut Reserved, now: i64) -> Option<u64> {
-        if !self.may_expire(&reserved.ticket.lease.topic, &reserved.job.meta) {
-            return None;
-        }
-        let (topic, due_at) = (reserved.ticket.lease.topic.clone(), reserved.ticket.due_at);
-        let ms = self.expires_after(&topic, reserved.properties());
-        crate::job::expiry::is_expired(due_at, ms, now).then_some(ms)
-    }
-
     /// Sets aside a job that expired `ms` after its due time, in a task of its own (the
     /// loop goes on); hands it back with backoff when there is no channel or no room.
     pub(crate) fn take(&self, mut reserved: Reserved, ms: u64, settler: &Arc<Settler>) {
@@ -151,28 +142,6 @@ impl SetAside {
                 }
             }
         });
-    }
-
-    /// The job's expiry in ms (0 = never): its own header, else the topic's default. A
-    /// stored value that cannot be read (another client's) counts as none.
-    fn expires_after(&self, topic: &Topic, props: &AMQPProperties) -> u64 {
-        match crate::job::expiry::of_job(props) {
-            Ok(Some(ms)) => ms,
-            Ok(None) => self.policies.expires_after_for(topic),
-            Err(err) => {
-                tracing::warn!(%topic, %err, "unreadable expiry header; the job does not expire");
-                0
-            }
-        }
-    }
-
-    /// Whether a job of `topic` with this meta may expire at all: its topic has a
-    /// default, or its meta names the header.
-    fn may_expire(&self, topic: &Topic, meta: &[u8]) -> bool {
-        self.policies.expires_after_for(topic) > 0
-            || meta
-                .windows(headers::EXPIRES_AFTER.len())
-                .any(|w| w == headers::EXPIRES_AFTER.as_bytes())
     }
 
     /// The open channel and a permit of its window, or why not.
@@ -246,44 +215,6 @@ fn expired_properties(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Policy, TopicPattern};
-    use lapin::types::FieldTable;
-
-    fn with_header(value: Option<AMQPValue>) -> AMQPProperties {
-        let mut table = FieldTable::default();
-        if let Some(value) = value {
-            table.insert(headers::EXPIRES_AFTER.into(), value);
-        }
-        AMQPProperties::default().with_headers(table)
-    }
-
-    #[test]
-    fn the_jobs_own_header_wins_over_the_policy_and_zero_means_never() {
-        let set_aside = SetAside {
-            policies: Policies(vec![Policy {
-                topics: vec![TopicPattern::new("mail.#").unwrap()],
-                rate: None,
-                expires_after_ms: 1_000,
-            }]),
-            ..SetAside::new(&Config::default())
-        };
-        let mail = Topic::new("mail.x").unwrap();
-        let other = Topic::new("sms").unwrap();
-        assert_eq!(set_aside.expires_after(&mail, &with_header(None)), 1_000);
-        let own = with_header(Some(AMQPValue::LongInt(50)));
-        assert_eq!(set_aside.expires_after(&mail, &own), 50);
-        let never = with_header(Some(AMQPValue::LongInt(0)));
-        assert_eq!(set_aside.expires_after(&mail, &never), 0);
-        assert_eq!(set_aside.expires_after(&other, &with_header(None)), 0);
-        // A stored value another client wrote badly: the job does not expire.
-        let bad = with_header(Some(AMQPValue::Boolean(true)));
-        assert_eq!(set_aside.expires_after(&mail, &bad), 0);
-        // The shortcut: decode only where expiry may apply.
-        assert!(set_aside.may_expire(&mail, b""));
-        assert!(!set_aside.may_expire(&other, b""));
-        let meta = crate::job::meta::encode_meta(&own);
-        assert!(set_aside.may_expire(&other, &meta));
-    }
 
     #[test]
     fn without_a_channel_nothing_is_set_aside() {

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::clock::ServerClock;
-use super::ticket::{Reserved, Ticket};
+use super::plan::ServerClock;
+use super::reserve::{Reserved, Ticket};
 use crate::config::Config;
 use crate::feed::{Event, Feed};
 use crate::metrics::Metrics;

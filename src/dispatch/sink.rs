@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 
-use super::reserve::Core;
+use super::Core;
 use crate::amqp::AmqpError;
 use crate::job::Topic;
 use crate::store::StoreError;

@@ -5,12 +5,16 @@
 //! from the topic's `[[policies]]` default `expires_after_ms`; 0 = never.
 //!
 //! This module is the one rule every face uses: what a valid value is, how it is stored
-//! in the meta, and what the set-aside copy's reason says.
+//! in the meta, and what the set-aside copy's reason says; and, for dispatch, whether a
+//! reserved job has expired (`may_expire`, `expires_after`, `is_expired`: the reserve's
+//! triage asks them of each job, so only the expired ones enter the set-aside).
 
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
 
 use crate::job::headers;
+use crate::job::Topic;
+use crate::policy::Policies;
 
 pub use crate::policy::{check_expires_after as check_ms, ExpiryError, MAX_EXPIRES_AFTER_MS};
 
@@ -68,6 +72,27 @@ pub fn meta_with_expiry(meta: Vec<u8>, expires_after: Option<u64>) -> Vec<u8> {
     crate::job::meta::encode_meta(&props.with_headers(table))
 }
 
+/// Whether a job of `topic` whose stored meta is `meta` may expire at all: its topic has
+/// a default, or its meta names the header. Read on the raw bytes, so the meta of a job
+/// that cannot expire is never decoded for it.
+pub fn may_expire(policies: &Policies, topic: &Topic, meta: &[u8]) -> bool {
+    policies.expires_after_for(topic) > 0
+        || meta
+            .windows(headers::EXPIRES_AFTER.len())
+            .any(|w| w == headers::EXPIRES_AFTER.as_bytes())
+}
+
+/// The job's expiry in ms (0 = never): its own header, else the topic's default. `Err`
+/// when its stored value cannot be read (another client's): the job then counts as
+/// having none, and the caller says so.
+pub fn expires_after(
+    policies: &Policies,
+    topic: &Topic,
+    props: &BasicProperties,
+) -> Result<u64, ExpiryError> {
+    Ok(of_job(props)?.unwrap_or_else(|| policies.expires_after_for(topic)))
+}
+
 /// Whether a job due at `due_at` with this expiry (0 = never) has expired at `now`
 /// (epoch ms, the Redis server's clock): not delivered by due + expires_after.
 pub fn is_expired(due_at: i64, expires_after: u64, now: i64) -> bool {
@@ -83,6 +108,7 @@ pub fn reason(expires_after: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::{Policy, TopicPattern};
 
     #[test]
     fn values_in_every_accepted_form_and_bad_ones_refused() {
@@ -114,6 +140,42 @@ mod tests {
         assert!(!is_expired(1000, 500, 1500));
         assert!(is_expired(1000, 500, 1501));
         assert!(!is_expired(i64::MAX - 1, MAX_EXPIRES_AFTER_MS, i64::MAX));
+    }
+
+    fn with_header(value: Option<AMQPValue>) -> BasicProperties {
+        let mut table = FieldTable::default();
+        if let Some(value) = value {
+            table.insert(headers::EXPIRES_AFTER.into(), value);
+        }
+        BasicProperties::default().with_headers(table)
+    }
+
+    #[test]
+    fn the_jobs_own_header_wins_over_the_policy_and_zero_means_never() {
+        let policies = Policies(vec![Policy {
+            topics: vec![TopicPattern::new("mail.#").unwrap()],
+            rate: None,
+            expires_after_ms: 1_000,
+        }]);
+        let mail = Topic::new("mail.x").unwrap();
+        let other = Topic::new("sms").unwrap();
+        assert_eq!(
+            expires_after(&policies, &mail, &with_header(None)),
+            Ok(1_000)
+        );
+        let own = with_header(Some(AMQPValue::LongInt(50)));
+        assert_eq!(expires_after(&policies, &mail, &own), Ok(50));
+        let never = with_header(Some(AMQPValue::LongInt(0)));
+        assert_eq!(expires_after(&policies, &mail, &never), Ok(0));
+        assert_eq!(expires_after(&policies, &other, &with_header(None)), Ok(0));
+        // A stored value another client wrote badly: the caller counts it as none.
+        let bad = with_header(Some(AMQPValue::Boolean(true)));
+        assert!(expires_after(&policies, &mail, &bad).is_err());
+        // The shortcut: decode only where expiry may apply.
+        assert!(may_expire(&policies, &mail, b""));
+        assert!(!may_expire(&policies, &other, b""));
+        let meta = crate::job::meta::encode_meta(&own);
+        assert!(may_expire(&policies, &other, &meta));
     }
 
     #[test]

@@ -27,8 +27,8 @@ use tokio::time::Instant;
 use tracing::Span;
 
 use super::publish::ReturnKey;
+use crate::dispatch::reserve::Ticket;
 use crate::dispatch::settle::Settler;
-use crate::dispatch::ticket::Ticket;
 use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
 use crate::telemetry;

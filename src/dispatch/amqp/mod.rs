@@ -4,13 +4,12 @@
 //! (`Dispatcher::run_session`); a broker outage or block stops it, not the other sinks.
 //!
 //! By role: `sink.rs` the round (confirm window, reserve, publish in turn on the
-//! lanes), `channel.rs` the session's confirm channels and their confirmers, and the
-//! broker's block; `publish.rs` one publish, the properties it carries and the key
-//! (`ReturnKey`) its return would be matched by; `confirm.rs` the confirmer, which
-//! settles each publish (the set-aside of expired jobs uses `publish.rs` and
-//! `confirm.rs` on its own channel).
+//! lanes: the session's confirm channels and their confirmers, and the broker's block);
+//! `publish.rs` one publish, the properties it carries and the key (`ReturnKey`) its
+//! return would be matched by; `confirm.rs` the confirmer, which settles each publish
+//! (the set-aside of expired jobs uses `publish.rs` and `confirm.rs` on its own
+//! channel).
 
-mod channel;
 pub(crate) mod confirm;
 pub(crate) mod publish;
 mod sink;

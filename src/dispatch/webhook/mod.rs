@@ -9,8 +9,8 @@
 //! By role: here the targets, their slots and the round; `delivery.rs` one request's
 //! task (prepare, call, handle) and the batched releases; `client.rs` a target's HTTP
 //! client and what an answer means, with `resolve.rs` the address guard under the
-//! client of jobs' own URLs; `request.rs` the request a job becomes, signed by
-//! `sign.rs` (Standard Webhooks); `health.rs` each target's breaker (a held target's
+//! client of jobs' own URLs; `request.rs` the request a job becomes, and its signature
+//! (Standard Webhooks); `health.rs` each target's breaker (a held target's
 //! topics are not reserved at all; a half-open one gets its one probe job); `lanes.rs`
 //! the retry lane: at most `retry_share` of the slots to retries while first attempts
 //! wait (the round's capped reserve).
@@ -21,7 +21,6 @@ mod health;
 mod lanes;
 mod request;
 mod resolve;
-mod sign;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,10 +37,10 @@ use health::{Allow, Health};
 use lanes::Lanes;
 pub use request::FORWARDED_PREFIX;
 
-use super::reserve::{Core, Held, RESERVE_GROUP};
+use super::reserve::{Held, Reserved, RESERVE_GROUP};
 use super::settle::Settler;
 use super::sink::{Round, RoundError, Sink};
-use super::ticket::Reserved;
+use super::Core;
 use crate::config::Config;
 use crate::events::EventSender;
 use crate::job::Topic;
