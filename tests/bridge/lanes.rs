@@ -1,6 +1,6 @@
-//! Lanes (`retry_share` of `[[targets]]`): while first attempts wait, a target's retries
-//! hold at most `retry_share` × `max_in_flight` of its slots; with none waiting they
-//! may use every slot. Real bridge, real receiver with a flaky path (every request to
+//! Lanes (`retry_share` of `[[targets]]`): a target's retries hold at most
+//! `retry_share` × `max_in_flight` of its slots, before first attempts come and while
+//! they wait; first attempts may use every slot. Real bridge, real receiver with a flaky path (every request to
 //! it answered 500 after a delay) beside a healthy one; in-flight counts and lateness
 //! are read at the receiver, lateness from the producer's clock (due time vs arrival).
 
@@ -199,11 +199,11 @@ fn report(run: &Run, seen: &Seen) {
     );
 }
 
-/// The cap holds: while first attempts wait, a retry starts only while fewer than
-/// `retry_share` × `max_in_flight` retries are in flight; before they came, the
-/// retries used every slot.
+/// The cap holds: a retry starts only while fewer than `retry_share` × `max_in_flight`
+/// retries are in flight, before the first attempts come (so they find their share
+/// free) and while they wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn while_first_attempts_wait_retries_hold_at_most_their_share() {
+async fn retries_hold_at_most_their_share_before_and_while_first_attempts_wait() {
     let _shared = common::timed::shared().await;
     let run = Run {
         label: "lanecap",
@@ -236,8 +236,8 @@ async fn while_first_attempts_wait_retries_hold_at_most_their_share() {
         seen.retries_while_waiting
     );
     assert!(
-        seen.retries_before > 4,
-        "with no first attempt waiting the retries used more than their share: {}",
+        (1..=4).contains(&seen.retries_before),
+        "before the first attempts came, 1 to 4 of 8 slots to retries: {}",
         seen.retries_before
     );
 }
@@ -246,9 +246,11 @@ async fn while_first_attempts_wait_retries_hold_at_most_their_share() {
 /// firsts' p99 lateness stays within 2× of the same run without the retries. The same
 /// storm with lanes off (`retry_share = 1`) shows what they prevent.
 ///
-/// A measurement, run by hand on a quiet machine: at the default share (0.5) the firsts
-/// drain through half the slots, so the bound sits near the design's own ratio (1.6× in
-/// one run, 2.17× in another within the full suite); see CHANGELOG and issue notes.
+/// A measurement, run by hand on a quiet machine. Where a target's slots bound its
+/// throughput (as here: 2 ms answers), first attempts beside a full retry lane drain
+/// through `1 - retry_share` of the slots, so their p99 is about `1 / (1 - retry_share)`
+/// of alone: at the default 0.5 the bound sits at the design's own ratio (2.18× and
+/// 2.36× in two runs), at 0.25 about 1.36×. See CHANGELOG and issue notes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement near its bound, run by hand on a quiet machine"]
 async fn a_retry_storm_leaves_first_attempts_p99_within_twice_its_lateness_alone() {
@@ -278,6 +280,14 @@ async fn a_retry_storm_leaves_first_attempts_p99_within_twice_its_lateness_alone
     };
     let without_lanes = lanes_run(&off).await;
     report(&off, &without_lanes);
+    // For the record: a smaller share leaves the first attempts more slots.
+    let quarter = Run {
+        label: "lanequarter",
+        retry_share: 0.25,
+        ..storm
+    };
+    let with_quarter = lanes_run(&quarter).await;
+    report(&quarter, &with_quarter);
 
     let p99 = |s: &Seen| percentile(&s.lateness, 0.99);
     assert!(

@@ -1,17 +1,18 @@
-//! Lanes: a target's first attempts and its retries share its `max_in_flight` slots, but
-//! while first attempts wait, retries (attempt > 1) hold at most `retry_share` of them
-//! ([`Lanes`]), so a retry storm against a flaky endpoint never starves fresh
-//! deliveries; when no first attempt waits, retries may use every slot.
+//! Lanes: a target's retries (attempt > 1) hold at most `retry_share` of its
+//! `max_in_flight` slots ([`Lanes`]); first attempts may use every slot. So a retry storm
+//! against a flaky endpoint never takes the slots fresh deliveries need, and first
+//! attempts due behind it find their share free at once: a retry cannot be recalled
+//! once sent, so a retry allowed into an idle slot would hold it, when first attempts
+//! come, for up to the target's `timeout_ms`. The price: a backlog of retries alone
+//! drains through its share (`retry_share = 1` lets retries use every slot). Retries
+//! always keep one slot, so a job's retry is never held forever.
 //!
 //! Why this shape. Which due job is a retry only the job's record knows, and
 //! `lua/reserve.lua` takes earliest first, so the cap is applied where the records are read:
 //! the round passes `lua/reserve.lua` a `retry_cap` (the retry slots left: the share minus
 //! the retries in flight, spread over the target's due topics by [`split`]), and the
 //! script skips the retries past it to reach first attempts behind them (a bounded
-//! scan: `limit` + 1000 due jobs at most). Its reply says how many retries it held and
-//! whether it saw every due job; when every topic of the target saw all its due jobs
-//! (no first attempt left) and retries were held, the round reserves those topics again
-//! without a cap, so idle slots serve retries. A topic whose capped reserve took nothing
+//! scan: `limit` + 1000 due jobs at most). A topic whose capped reserve took nothing
 //! but held retries waits ([`Lanes::block`]) until a retry of the target ends, rather
 //! than being scanned again each round. The count of retries in flight is per bridge,
 //! like `max_in_flight`; a [`RetryGuard`] holds one for the request's whole task. A
@@ -27,8 +28,8 @@ use crate::job::Topic;
 /// One target's retry lane.
 #[derive(Debug)]
 pub(super) struct Lanes {
-    /// `retry_share` × `max_in_flight`, rounded down: the most slots retries hold while
-    /// first attempts wait.
+    /// `retry_share` × `max_in_flight`, rounded down, at least one: the most slots
+    /// retries hold.
     share: usize,
     counts: Arc<Counts>,
     /// Topics whose capped reserve held retries and took nothing, with the count of
@@ -53,7 +54,8 @@ impl Drop for RetryGuard {
     }
 }
 
-/// The retry slots of a target: `retry_share` of `max_in_flight`, rounded down.
+/// The retry slots of a target: `retry_share` of `max_in_flight`, rounded down, but at
+/// least one (a retry must always be able to go).
 pub(super) fn share_slots(max_in_flight: usize, retry_share: f64) -> usize {
     // Both bounded (share 0..=1, validated), so the product fits and is not negative.
     #[allow(
@@ -62,7 +64,7 @@ pub(super) fn share_slots(max_in_flight: usize, retry_share: f64) -> usize {
         clippy::cast_precision_loss
     )]
     let slots = (max_in_flight as f64 * retry_share.clamp(0.0, 1.0)).floor() as usize;
-    slots.min(max_in_flight)
+    slots.max(1).min(max_in_flight)
 }
 
 /// Spreads `cap` retries over `n` topics: each gets `cap / n`, the first `cap % n` one
@@ -88,8 +90,8 @@ impl Lanes {
         self.counts.in_flight.load(Ordering::Relaxed)
     }
 
-    /// The retries a reserve for `room` free slots may take while first attempts wait,
-    /// or `None` when that cap could not bind (it covers the room): reserve as usual.
+    /// The retries a reserve for `room` free slots may take, or `None` when that cap
+    /// could not bind (it covers the room): reserve as usual.
     pub(super) fn cap(&self, room: usize) -> Option<usize> {
         let left = self.share.saturating_sub(self.in_flight());
         (left < room).then_some(left)
@@ -136,19 +138,19 @@ mod tests {
     fn the_share_rounds_down_and_stays_within_the_slots() {
         assert_eq!(share_slots(64, 0.5), 32);
         assert_eq!(share_slots(5, 0.5), 2);
-        assert_eq!(
-            share_slots(1, 0.5),
-            0,
-            "one slot: retries only when no first waits"
-        );
-        assert_eq!(share_slots(8, 0.0), 0);
+        assert_eq!(share_slots(1, 0.5), 1, "retries always keep one slot");
+        assert_eq!(share_slots(8, 0.0), 1, "share 0: one slot, never none");
         assert_eq!(share_slots(8, 1.0), 8);
     }
 
     #[test]
     fn the_cap_is_the_share_left_and_only_when_it_binds() {
         let lanes = Lanes::new(8, 0.5);
-        assert_eq!(lanes.cap(8), Some(4), "an idle target: 4 of 8 for retries");
+        assert_eq!(
+            lanes.cap(8),
+            Some(4),
+            "an idle target too: 4 of 8 for retries"
+        );
         assert_eq!(lanes.cap(4), None, "4 free slots: a cap of 4 cannot bind");
         let guards: Vec<_> = (0..3).filter_map(|_| lanes.start(2)).collect();
         assert!(lanes.start(1).is_none(), "a first attempt is not counted");
@@ -158,7 +160,7 @@ mod tests {
         assert_eq!(
             lanes.cap(2),
             Some(0),
-            "over the share (a fill): none while firsts wait"
+            "at the share or over it: no more retries"
         );
         drop(more);
         drop(guards);

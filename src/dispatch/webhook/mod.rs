@@ -12,8 +12,8 @@
 //! client of jobs' own URLs; `request.rs` the request a job becomes, and its signature
 //! (Standard Webhooks); `health.rs` each target's breaker (a held target's
 //! topics are not reserved at all; a half-open one gets its one probe job); `lanes.rs`
-//! the retry lane: at most `retry_share` of the slots to retries while first attempts
-//! wait (the round's capped reserve).
+//! the retry lane: retries hold at most `retry_share` of the slots (the round's capped
+//! reserve), first attempts may use every slot.
 
 mod client;
 mod delivery;
@@ -37,7 +37,7 @@ use health::{Allow, Health};
 use lanes::Lanes;
 pub use request::FORWARDED_PREFIX;
 
-use super::reserve::{Held, Reserved, RESERVE_GROUP};
+use super::reserve::{Reserved, RESERVE_GROUP};
 use super::settle::Settler;
 use super::sink::{Round, RoundError, Sink};
 use super::Core;
@@ -64,7 +64,6 @@ struct Target {
 struct Split {
     hooks: Vec<(usize, Vec<Topic>)>,
     full: HashSet<Topic>,
-    partial: HashSet<usize>,
 }
 
 /// Every configured target.
@@ -127,8 +126,7 @@ impl WebhookSinks {
 
     /// Groups due topics by target, each target's list cut to its free slots; also
     /// returns the topics left out for want of a slot (served again once a request
-    /// ends) or held by the retry lane, and the targets that had some left out (their
-    /// round cannot tell that no first attempt waits).
+    /// ends) or held by the retry lane (once a retry ends).
     fn split_by_target(&self, due: Vec<Topic>) -> Split {
         let mut split = Split::default();
         for topic in due {
@@ -136,7 +134,6 @@ impl WebhookSinks {
                 continue;
             };
             if self.targets[index].lanes.blocked(&topic) {
-                split.partial.insert(index);
                 split.full.insert(topic);
                 continue;
             }
@@ -149,7 +146,6 @@ impl WebhookSinks {
                 Some((_, topics)) if topics.len() < room => topics.push(topic),
                 None if room > 0 => split.hooks.push((index, vec![topic])),
                 _ => {
-                    split.partial.insert(index);
                     split.full.insert(topic);
                 }
             }
@@ -220,14 +216,14 @@ impl WebhookSinks {
     }
 
     /// Reserves for target `index`'s due `topics` at most its free slots' worth and
-    /// sends them. While first attempts wait, retries get at most the target's retry
-    /// slots left (`lanes.rs`); if none waits (`all_seen`: `topics` are all its due
-    /// topics), the retries held fill the free slots.
+    /// sends them, retries (attempt > 1) at most the target's retry slots left
+    /// (`lanes.rs`): the script skips the retries past that cap to reach the first
+    /// attempts behind them. A topic that gave nothing but held retries waits until a
+    /// retry of the target ends rather than being scanned again each round.
     async fn serve(
         &self,
         index: usize,
         topics: &[Topic],
-        all_seen: bool,
         core: &mut Core<'_>,
     ) -> Result<(), RoundError> {
         let room = self.room(index);
@@ -239,36 +235,17 @@ impl WebhookSinks {
             return self.reserve_and_send(index, topics, each, core).await;
         };
         let caps = lanes::split(cap, topics.len());
-        let (mut held, mut stuck, mut unseen) = (Vec::new(), Vec::new(), false);
         for (group, caps) in topics.chunks(RESERVE_GROUP).zip(caps.chunks(RESERVE_GROUP)) {
-            for (topic, jobs, left) in core.reserve_capped(group, each, caps).await? {
-                let Held {
-                    retries,
-                    unseen: more,
-                } = left;
-                unseen |= more;
-                if retries > 0 && jobs.is_empty() {
-                    stuck.push(topic.clone());
-                }
-                if retries > 0 {
-                    held.push(topic);
+            for (topic, jobs, held) in core.reserve_capped(group, each, caps).await? {
+                if held.retries > 0 && jobs.is_empty() {
+                    target.lanes.block(topic);
                 }
                 for reserved in jobs {
                     self.send(index, reserved, core.settler(), false).await;
                 }
             }
         }
-        // No first attempt due in any of its topics: the held retries may fill the rest.
-        let free = target.slots.available_permits();
-        if unseen || !all_seen || held.is_empty() || free == 0 {
-            // Those that gave nothing but retries wait for one to end, not rescanned.
-            for topic in stuck {
-                target.lanes.block(topic);
-            }
-            return Ok(());
-        }
-        let each = (free / held.len()).clamp(1, core.batch());
-        self.reserve_and_send(index, &held, each, core).await
+        Ok(())
     }
 
     /// Reserves up to `each` jobs of every topic of `topics` (no cap) and sends them.
@@ -339,11 +316,7 @@ impl Sink for WebhookSinks {
                         .await;
                 }
             }
-            let Split {
-                hooks,
-                full,
-                partial,
-            } = self.split_by_target(due);
+            let Split { hooks, full } = self.split_by_target(due);
             if hooks.is_empty() {
                 // Nothing due, or only topics of targets without a free slot: nap
                 // until a slot frees, a hint, or the next topic that can be served.
@@ -359,8 +332,7 @@ impl Sink for WebhookSinks {
                     }
                     _ => continue,
                 }
-                let all_seen = !partial.contains(&index);
-                self.serve(index, &topics, all_seen, core).await?;
+                self.serve(index, &topics, core).await?;
             }
             Ok(Round::Served)
         })
