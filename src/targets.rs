@@ -30,8 +30,8 @@ pub struct TargetConfig {
     pub timeout_ms: u64,
     /// Concurrent requests to this target, per bridge.
     pub max_in_flight: usize,
-    /// The share (0..=1) of `max_in_flight` that retries (attempt > 1) may hold while
-    /// first attempts wait; with none waiting, retries may use every slot.
+    /// The share (0..=1) of `max_in_flight` that retries (attempt > 1) may hold, at
+    /// least one slot; first attempts may use every slot.
     pub retry_share: f64,
     /// `raw` (the job body verbatim) or `seed` (`{"topic","id","contents"}`).
     pub body: String,
@@ -325,7 +325,7 @@ fn check_delivery(i: usize, t: &TargetConfig, ttr_ms: u64) -> Result<(), TargetE
             i,
             "retry_share",
             format!(
-                "{}: must be a number from 0 to 1 (the share of max_in_flight retries may hold while first attempts wait)",
+                "{}: must be a number from 0 to 1 (the share of max_in_flight retries may hold)",
                 t.retry_share
             ),
         ));
