@@ -106,9 +106,16 @@ impl Lanes {
         })
     }
 
-    /// `topic`'s reserve held retries and took nothing: skip it until a retry ends.
-    pub(super) fn block(&self, topic: Topic) {
-        let ended = self.counts.ended.load(Ordering::Relaxed);
+    /// The count of retries ended so far, read before a capped reserve for
+    /// [`Lanes::block`].
+    pub(super) fn ended(&self) -> u64 {
+        self.counts.ended.load(Ordering::Relaxed)
+    }
+
+    /// `topic`'s reserve held retries and took nothing: skip it until a retry ends
+    /// after `ended` (read before the reserve: a retry that ended while it ran freed
+    /// the lane already, and must not leave the topic waiting for another).
+    pub(super) fn block(&self, topic: Topic, ended: u64) {
         self.lock().insert(topic, ended);
     }
 
@@ -185,11 +192,25 @@ mod tests {
         let lanes = Lanes::new(4, 0.5);
         let topic = Topic::new("t").expect("a topic");
         let guard = lanes.start(2);
-        lanes.block(topic.clone());
+        lanes.block(topic.clone(), lanes.ended());
         assert!(lanes.blocked(&topic));
         assert!(lanes.blocked(&topic), "still: no retry ended");
         drop(guard);
         assert!(!lanes.blocked(&topic), "a retry ended: look again");
         assert!(!lanes.blocked(&topic));
+    }
+
+    #[test]
+    fn a_retry_that_ended_during_the_reserve_does_not_leave_the_topic_blocked() {
+        let lanes = Lanes::new(1, 0.5);
+        let topic = Topic::new("t").expect("a topic");
+        let guard = lanes.start(2);
+        let before = lanes.ended();
+        drop(guard); // the only retry in flight ends while the capped reserve runs
+        lanes.block(topic.clone(), before);
+        assert!(
+            !lanes.blocked(&topic),
+            "no retry left to end: never blocked"
+        );
     }
 }

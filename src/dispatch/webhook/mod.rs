@@ -236,9 +236,10 @@ impl WebhookSinks {
         };
         let caps = lanes::split(cap, topics.len());
         for (group, caps) in topics.chunks(RESERVE_GROUP).zip(caps.chunks(RESERVE_GROUP)) {
+            let ended = target.lanes.ended();
             for (topic, jobs, held) in core.reserve_capped(group, each, caps).await? {
                 if held.retries > 0 && jobs.is_empty() {
-                    target.lanes.block(topic);
+                    target.lanes.block(topic, ended);
                 }
                 for reserved in jobs {
                     self.send(index, reserved, core.settler(), false).await;
