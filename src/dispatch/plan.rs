@@ -1,7 +1,8 @@
 //! When a sink's loop next has work, by the clock that decides it: one step of a job's
 //! path, its topic's next due time and the instant to sleep until. The [`Plan`] is what
 //! the loop knows of when each of its topics is next due (kept across AMQP sessions):
-//! planned from reserve replies, hints and rescans; paused topics left out for a while.
+//! planned from reserve replies, hints and rescans; paused topics left out for a while,
+//! and (while spans are exported) each topic's last pause on the Redis clock (`Pause`).
 //! The [`ServerClock`] is the Redis server's clock as seen from this process: every due
 //! time refers to it, so sleeping "until a job is due" must too, whatever the local
 //! clock says.
@@ -41,6 +42,18 @@ pub struct Plan {
     /// Topics the reserve script found paused, and when: their due jobs wait, so the
     /// plan leaves them out instead of asking again on every pass (no spinning).
     pub(super) paused: HashMap<Topic, Instant>,
+    /// Each topic's last pause, recorded only while spans are exported (for their
+    /// `redisched.paused_ms`); an ended one is kept while a job due during it waits.
+    pauses: HashMap<Topic, Pause>,
+}
+
+/// A topic's pause as this loop saw it, on the Redis clock (epoch ms): from the time
+/// `lua/pause.lua` wrote to the `now` of the first reserve reply that found the topic
+/// running again (`None` while it lasts, when the topic gives no jobs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pause {
+    since: i64,
+    until: Option<i64>,
 }
 
 impl Plan {
@@ -106,6 +119,42 @@ impl Plan {
             self.paused.remove(topic);
             self.set(topic, next_due);
         }
+    }
+
+    /// Whether a reply that found `topic` paused starts a pause not recorded yet (then
+    /// read since when, for [`Plan::pause_began`]).
+    pub(super) fn pause_is_new(&self, topic: &Topic) -> bool {
+        self.pauses
+            .get(topic)
+            .is_none_or(|pause| pause.until.is_some())
+    }
+
+    pub(super) fn pause_began(&mut self, topic: &Topic, since: i64) {
+        let pause = Pause { since, until: None };
+        self.pauses.insert(topic.clone(), pause);
+    }
+
+    /// A reply that found `topic` running at `now`, its earliest waiting job due at
+    /// `next_due`: ends the topic's pause if one lasts, and answers its last pause
+    /// (paused at, resumed at) for the jobs the reply took. Once no waiting job was due
+    /// before the resume, the pause is forgotten.
+    pub(super) fn pause_before(
+        &mut self,
+        topic: &Topic,
+        now: i64,
+        next_due: Option<i64>,
+    ) -> Option<(i64, i64)> {
+        // The usual case, no topic paused: no lookup.
+        if self.pauses.is_empty() {
+            return None;
+        }
+        let pause = self.pauses.get_mut(topic)?;
+        let until = *pause.until.get_or_insert(now);
+        let ended = (pause.since, until);
+        if next_due.is_none_or(|due| due >= until) {
+            self.pauses.remove(topic);
+        }
+        Some(ended)
     }
 
     /// A hint: the topic's head moved earlier, or it was resumed.
@@ -312,6 +361,44 @@ mod tests {
         }
         plan.rescanned(&t("paused"), Some(100));
         assert_eq!(plan.due(1_000), vec![t("flowing"), t("paused")]);
+    }
+
+    #[test]
+    fn a_pause_ends_at_the_first_reply_that_finds_the_topic_running() {
+        let mut plan = Plan::default();
+        assert_eq!(plan.pause_before(&t("a"), 500, None), None, "none recorded");
+        assert!(plan.pause_is_new(&t("a")));
+        plan.pause_began(&t("a"), 1_000);
+        // Found paused again: the same pause, not read again.
+        assert!(!plan.pause_is_new(&t("a")));
+        assert_eq!(
+            plan.pause_before(&t("b"), 2_000, None),
+            None,
+            "another topic"
+        );
+        // Running at 3,000 with a job due at 1,500 still waiting: ended, and kept.
+        assert_eq!(
+            plan.pause_before(&t("a"), 3_000, Some(1_500)),
+            Some((1_000, 3_000))
+        );
+        assert!(
+            plan.pause_is_new(&t("a")),
+            "a reply found it paused again: a new one"
+        );
+        // Later replies keep its end; once nothing due before it waits, it is forgotten.
+        assert_eq!(
+            plan.pause_before(&t("a"), 3_500, Some(3_000)),
+            Some((1_000, 3_000))
+        );
+        assert!(plan.pauses.is_empty());
+        assert_eq!(plan.pause_before(&t("a"), 4_000, Some(2_000)), None);
+        // Paused again: the new pause replaces the old one.
+        plan.pause_began(&t("a"), 5_000);
+        assert_eq!(
+            plan.pause_before(&t("a"), 6_000, None),
+            Some((5_000, 6_000))
+        );
+        assert!(plan.pauses.is_empty());
     }
 
     // The server clock.

@@ -5,8 +5,10 @@
 //! whichever sink delivers it); a series occurrence whose next one cannot be computed
 //! failed; an expired job (judged here by the rule of `src/job/expiry.rs`) set aside
 //! (`set_aside.rs`). What is left goes to the sink's round as [`Reserved`] jobs, to be
-//! sent. Here are the reserve methods of [`Core`]; the struct itself is in `mod.rs`,
-//! beside the turn that builds it.
+//! sent. While spans are exported, each job also carries its topic's last pause that
+//! ended (the plan's record, begun with one read of since when the topic is paused), for
+//! its delivery span's `redisched.paused_ms`. Here are the reserve methods of [`Core`];
+//! the struct itself is in `mod.rs`, beside the turn that builds it.
 
 use std::time::{Duration, Instant};
 
@@ -93,6 +95,11 @@ impl Core<'_> {
                 (Some(due), Some(token)) => Some(due.max(token)),
                 (due, _) => due,
             };
+            let pause = if telemetry::enabled() {
+                self.pause_of(topic, &batch).await
+            } else {
+                None
+            };
             self.plan.reserved(topic, batch.paused, next);
             if !batch.corrupt.is_empty() {
                 dispatcher
@@ -101,10 +108,35 @@ impl Core<'_> {
                     .inc_by(batch.corrupt.len() as u64);
                 tracing::error!(%topic, ids = ?batch.corrupt, "scheduled ids with missing or unreadable records taken off the schedule; run `redisched check`");
             }
-            let jobs = self.triage(topic, batch.jobs, batch.throttled > 0).await;
+            let jobs = self
+                .triage(topic, batch.jobs, batch.throttled > 0, pause)
+                .await;
             reserved.push((topic.clone(), jobs));
         }
         reserved
+    }
+
+    /// The topic's last pause that ended, for the spans of the jobs `batch` took: a
+    /// reply that finds the topic paused begins one (since the time `lua/pause.lua`
+    /// wrote, read once; this reply's time if unreadable), the first that finds it
+    /// running ends it.
+    async fn pause_of(&mut self, topic: &Topic, batch: &Batch) -> Option<(i64, i64)> {
+        if !batch.paused {
+            return self.plan.pause_before(topic, batch.now, batch.next_due);
+        }
+        if self.plan.pause_is_new(topic) {
+            let since = match self.dispatcher.store.paused_at(topic).await {
+                Ok(since) => since,
+                Err(err) => {
+                    tracing::debug!(%topic, %err, "when the topic was paused is unreadable; counting from this reserve");
+                    None
+                }
+            };
+            // Later than the reply: resumed and paused again since, so the reply's time.
+            let since = since.filter(|at| *at <= batch.now).unwrap_or(batch.now);
+            self.plan.pause_began(topic, since);
+        }
+        None
     }
 
     /// The jobs of `topic` to deliver: each with its ticket, unless its series cannot
@@ -115,6 +147,7 @@ impl Core<'_> {
         topic: &Topic,
         jobs: Vec<ReservedJob>,
         throttled: bool,
+        pause: Option<(i64, i64)>,
     ) -> Vec<Reserved> {
         let set_aside = &self.dispatcher.set_aside;
         let mut deliver = Vec::with_capacity(jobs.len());
@@ -128,7 +161,7 @@ impl Core<'_> {
                     continue;
                 }
             };
-            let mut reserved = Reserved::new(job, ticket, throttled);
+            let mut reserved = Reserved::new(job, ticket, throttled, pause);
             match reserved.expired(&set_aside.policies, self.dispatcher.clock.now()) {
                 Some(ms) => set_aside.take(reserved, ms, self.settler),
                 None => deliver.push(reserved),
@@ -248,15 +281,24 @@ pub struct Reserved {
     props: Option<AMQPProperties>,
     /// The reserve call that took it held due jobs of its topic back (rate limit).
     throttled: bool,
+    /// Its topic's last pause that ended, (paused at, resumed at) on the Redis clock;
+    /// recorded only while spans are exported.
+    pause: Option<(i64, i64)>,
 }
 
 impl Reserved {
-    pub(crate) fn new(job: ReservedJob, ticket: Ticket, throttled: bool) -> Self {
+    pub(crate) fn new(
+        job: ReservedJob,
+        ticket: Ticket,
+        throttled: bool,
+        pause: Option<(i64, i64)>,
+    ) -> Self {
         Self {
             job,
             ticket,
             props: None,
             throttled,
+            pause,
         }
     }
 
@@ -272,6 +314,7 @@ impl Reserved {
             scheduled_at: ticket.schedule.as_ref().map(|_| ticket.scheduled_at),
             reserved_at: job.reserved_at,
             throttled: self.throttled,
+            pause: self.pause,
         }
     }
 

@@ -17,9 +17,11 @@
 //! HTTP's; redisched's own are named `redisched.*`: `topic`, `id`, `attempt` (1 first),
 //! `due_at`, `scheduled_at` (a series' occurrence before its jitter) and `reserved_at`
 //! (epoch ms, Redis's clock), `due_ms` (how long the job had been due when this attempt
-//! took it: a rate limit, a pause, a retry's back-off or a backlog), `throttled` (the
-//! reserve call that took it held due jobs back for the topic's rate limit) and
-//! `outcome`.
+//! took it: a rate limit, a pause, a retry's back-off or a backlog), `paused_ms` (the
+//! part of that wait during which its topic was paused: the overlap of `[due_at,
+//! reserved_at]` with the topic's last pause, as dispatch saw it begin and end, by
+//! [`paused_ms`]; 0 when none), `throttled` (the reserve call that took it held due jobs
+//! back for the topic's rate limit) and `outcome`.
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,6 +88,10 @@ pub struct Delivery<'a> {
     pub reserved_at: i64,
     /// The reserve call held due jobs of the topic back for its rate limit.
     pub throttled: bool,
+    /// The topic's last pause that ended, (paused at, resumed at) on the Redis clock,
+    /// epoch ms; `None`: none recorded. The span's `redisched.paused_ms` is its overlap
+    /// with `[due_at, reserved_at]`.
+    pub pause: Option<(i64, i64)>,
 }
 
 /// A command over HTTP.
@@ -171,6 +177,7 @@ fn make_delivery_span(delivery: &Delivery<'_>) -> Span {
         redisched.scheduled_at = Empty,
         redisched.reserved_at = delivery.reserved_at,
         redisched.due_ms = delivery.reserved_at.saturating_sub(delivery.due_at).max(0),
+        redisched.paused_ms = paused_ms(delivery.due_at, delivery.reserved_at, delivery.pause),
         redisched.throttled = delivery.throttled,
         redisched.outcome = Empty,
         http.response.status_code = Empty,
@@ -184,6 +191,18 @@ fn make_delivery_span(delivery: &Delivery<'_>) -> Span {
         span.record("redisched.scheduled_at", at);
     }
     span
+}
+
+/// How much of a job's due wait `[due_at, reserved_at]` fell within its topic's pause
+/// `(paused at, resumed at)`, ms; 0 without one. A pause still lasting needs no case:
+/// a paused topic gives no jobs.
+fn paused_ms(due_at: i64, reserved_at: i64, pause: Option<(i64, i64)>) -> i64 {
+    pause.map_or(0, |(since, until)| {
+        reserved_at
+            .min(until)
+            .saturating_sub(due_at.max(since))
+            .max(0)
+    })
 }
 
 /// The span of a command over HTTP: a child of the request's trace context when valid.
@@ -393,7 +412,38 @@ mod tests {
         scheduled_at: Some(900),
         reserved_at: 4_500,
         throttled: true,
+        pause: Some((500, 2_000)),
     };
+
+    #[test]
+    fn paused_ms_is_the_part_of_the_due_wait_within_the_pause() {
+        let (due, reserved) = (1_000, 4_000);
+        for (pause, want) in [
+            (None, 0),
+            // Paused before it came due, resumed before it was taken.
+            (Some((500, 2_000)), 1_000),
+            // Came due before the pause, taken by the reply that found it running.
+            (Some((3_000, 4_000)), 1_000),
+            // Within the wait; the whole wait.
+            (Some((1_500, 2_500)), 1_000),
+            (Some((0, 4_000)), 3_000),
+            // Ended before it came due, or began after it was taken.
+            (Some((0, 1_000)), 0),
+            (Some((200, 800)), 0),
+            (Some((4_000, 5_000)), 0),
+        ] {
+            assert_eq!(paused_ms(due, reserved, pause), want, "{pause:?}");
+        }
+        assert_eq!(
+            paused_ms(5_000, 4_000, Some((0, 9_000))),
+            0,
+            "never negative"
+        );
+        assert_eq!(
+            paused_ms(i64::MIN, i64::MAX, Some((i64::MIN, i64::MAX))),
+            i64::MAX
+        );
+    }
 
     #[test]
     fn off_every_helper_is_free_and_changes_nothing() {
@@ -468,6 +518,7 @@ mod tests {
             ("redisched.scheduled_at", Value::I64(900)),
             ("redisched.reserved_at", Value::I64(4_500)),
             ("redisched.due_ms", Value::I64(3_500)),
+            ("redisched.paused_ms", Value::I64(1_000)),
             ("redisched.throttled", Value::Bool(true)),
             ("redisched.outcome", Value::from("returned")),
         ] {
@@ -524,6 +575,7 @@ mod tests {
             None
         );
         assert_eq!(attr(hook, "redisched.scheduled_at"), None);
+        assert_eq!(attr(hook, "redisched.paused_ms"), Some(&Value::I64(1_000)));
         assert_eq!(
             attr(hook, "http.response.status_code"),
             Some(&Value::I64(503))

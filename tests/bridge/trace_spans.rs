@@ -2,7 +2,9 @@
 //! `tracestate` as request headers (a receiver reading them joins the producer's trace),
 //! and, exported over OTLP/HTTP to a real receiver decoding with PyPI
 //! `opentelemetry-proto` (`bash scripts/otel-deps.sh`), the ingest span of the command and
-//! a delivery span per attempt, for an AMQP and a webhook target, in the producer's trace.
+//! a delivery span per attempt, for an AMQP and a webhook target, in the producer's trace;
+//! a job that came due while its topic was paused says for how long
+//! (`redisched.paused_ms`).
 
 use crate::common;
 
@@ -162,8 +164,8 @@ async fn spans_of(
     }
 }
 
-/// What every delivery span of a job says, whatever its sink.
-fn assert_delivery(span: &Value, id: &str, topic: &str, attempt: i64) {
+/// What every delivery span of a job says, whatever its sink; its `redisched.paused_ms`.
+fn assert_delivery(span: &Value, id: &str, topic: &str, attempt: i64) -> i64 {
     assert_eq!(*attr(span, "messaging.operation.type"), "send", "{span}");
     assert_eq!(*attr(span, "messaging.message.id"), id);
     assert_eq!(*attr(span, "redisched.topic"), topic);
@@ -176,6 +178,14 @@ fn assert_delivery(span: &Value, id: &str, topic: &str, attempt: i64) {
     let due_ms = attr(span, "redisched.due_ms").as_i64().expect("due_ms");
     assert!(reserved_at >= due_at, "never early: {span}");
     assert_eq!(due_ms, reserved_at - due_at);
+    let paused_ms = attr(span, "redisched.paused_ms")
+        .as_i64()
+        .expect("paused_ms");
+    assert!(
+        (0..=due_ms).contains(&paused_ms),
+        "part of the due wait: {span}"
+    );
+    paused_ms
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,7 +251,7 @@ async fn the_bridges_ingest_and_delivery_spans_join_the_producers_trace() {
         *attr(publish, "messaging.rabbitmq.destination.routing_key"),
         "plain"
     );
-    assert_delivery(publish, "a-1", "plain", 1);
+    assert_eq!(assert_delivery(publish, "a-1", "plain", 1), 0, "not paused");
     assert_eq!(*attr(publish, "redisched.outcome"), "confirmed");
     let publish_id = publish["span_id"].as_str().unwrap();
     assert_eq!(
@@ -270,7 +280,7 @@ async fn the_bridges_ingest_and_delivery_spans_join_the_producers_trace() {
         assert_eq!(*attr(post, "messaging.system"), "http");
         assert_eq!(*attr(post, "messaging.destination.name"), "hooks");
         assert!(attr(post, "messaging.rabbitmq.destination.routing_key").is_null());
-        assert_delivery(post, "w-1", "hook", n);
+        assert_eq!(assert_delivery(post, "w-1", "hook", n), 0, "not paused");
         assert_eq!(*attr(post, "http.response.status_code"), status);
         assert_eq!(*attr(post, "redisched.outcome"), outcome);
         assert_eq!(post["status"]["code"], code, "{post}");
@@ -281,6 +291,76 @@ async fn the_bridges_ingest_and_delivery_spans_join_the_producers_trace() {
             Some(format!("00-{AMQP_TRACE}-{own}-01"))
         );
         assert_eq!(request.header("tracestate").as_deref(), Some("rojo=2"));
+    }
+
+    broker.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_due_while_its_topic_was_paused_says_for_how_long() {
+    let _shared = common::timed::shared().await;
+    let otlp = OtlpReceiver::start();
+    let hook = Receiver::start().await;
+    let mut config = test_config("otlppaused");
+    config.telemetry.otlp_endpoint = otlp.endpoint();
+    config.telemetry.batch_delay_ms = 100;
+    with_hook(&mut config, &hook);
+    let broker = Broker::new(&config).await;
+    let mut ready = broker.consume_ready("plain").await;
+    let store = common::test_store_named(&config.redis.prefix).await;
+    let topics = [("plain", "a-p"), ("hook", "w-p")].map(|(t, id)| {
+        let topic = redisched::job::Topic::new(t).expect("topic");
+        (topic, id)
+    });
+    let before = store.server_time().await.expect("time");
+    for (topic, _) in &topics {
+        assert!(store.pause(topic).await.expect("pause"));
+    }
+    let after = store.server_time().await.expect("time");
+    let since = store.paused_at(&topics[0].0).await.expect("paused at");
+    assert!(
+        since.is_some_and(|at| (before..=after).contains(&at)),
+        "{before} {since:?} {after}"
+    );
+    let _bridge = Exporting::start(&config);
+
+    // Both come due once stored, in their paused topics: nothing is delivered until
+    // the resume 1.5 s later, by either sink.
+    let trace = traceparent(AMQP_TRACE, AMQP_PARENT);
+    for (topic, id) in &topics {
+        broker
+            .put(topic.as_str(), id, b"x", &traced(&trace, "rojo=1"))
+            .await;
+    }
+    let deadline = std::time::Instant::now() + 20 * SECOND;
+    for (topic, id) in &topics {
+        let id = redisched::job::JobId::new(*id).expect("id");
+        while store.get(topic, &id).await.expect("get").is_none() {
+            assert!(std::time::Instant::now() < deadline, "{id} never stored");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(
+        ready.drain(Duration::from_millis(10)).await.is_empty(),
+        "paused"
+    );
+    assert!(hook.received().is_empty(), "paused");
+    for (topic, _) in &topics {
+        assert!(store.resume(topic).await.expect("resume"));
+    }
+    assert!(store.paused_at(&topics[0].0).await.expect("read").is_none());
+    ready.next(20 * SECOND).await.expect("the AMQP job");
+    assert_eq!(hook.wait_for(1, 20 * SECOND).await.len(), 1);
+
+    let send = format!("send {}", config.amqp.ready_exchange);
+    for (name, (topic, id)) in [send.as_str(), "send hooks"].into_iter().zip(&topics) {
+        let span = &spans_of(&otlp, AMQP_TRACE, name, id, 1).await[0];
+        let paused_ms = assert_delivery(span, id, topic.as_str(), 1);
+        assert!(paused_ms >= 1_000, "{span}");
+        // Its whole due wait: it came due paused and was taken by the reserve that
+        // found the topic running again, which ends the pause.
+        assert_eq!(*attr(span, "redisched.due_ms"), paused_ms, "{span}");
     }
 
     broker.cleanup().await;

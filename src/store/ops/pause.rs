@@ -26,9 +26,21 @@ impl Store {
     }
 
     pub async fn is_paused(&self, topic: &Topic) -> Result<bool, StoreError> {
+        Ok(self.paused_value(topic).await?.is_some())
+    }
+
+    /// Since when a topic is paused, epoch ms on Redis's clock (what `lua/pause.lua`
+    /// wrote); `None` while it runs, or if another client wrote something else there.
+    pub async fn paused_at(&self, topic: &Topic) -> Result<Option<i64>, StoreError> {
+        Ok(self
+            .paused_value(topic)
+            .await?
+            .and_then(|at| at.parse().ok()))
+    }
+
+    async fn paused_value(&self, topic: &Topic) -> Result<Option<String>, StoreError> {
         let [.., paused, _, _] = self.keys.all(topic);
         // GET rather than EXISTS: the least-privilege ACL already allows it.
-        let since: Option<String> = self.exec.query(redis::cmd("GET").arg(paused)).await?;
-        Ok(since.is_some())
+        self.exec.query(redis::cmd("GET").arg(paused)).await
     }
 }
