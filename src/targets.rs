@@ -31,7 +31,8 @@ pub struct TargetConfig {
     /// Concurrent requests to this target, per bridge.
     pub max_in_flight: usize,
     /// The share (0..=1) of `max_in_flight` that retries (attempt > 1) may hold, at
-    /// least one slot; first attempts may use every slot.
+    /// least one slot, and one while first attempts back up; first attempts may use
+    /// every slot.
     pub retry_share: f64,
     /// `raw` (the job body verbatim) or `seed` (`{"topic","id","contents"}`).
     pub body: String,

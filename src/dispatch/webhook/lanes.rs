@@ -1,11 +1,18 @@
 //! Lanes: a target's retries (attempt > 1) hold at most `retry_share` of its
-//! `max_in_flight` slots ([`Lanes`]); first attempts may use every slot. So a retry storm
-//! against a flaky endpoint never takes the slots fresh deliveries need, and first
-//! attempts due behind it find their share free at once: a retry cannot be recalled
-//! once sent, so a retry allowed into an idle slot would hold it, when first attempts
-//! come, for up to the target's `timeout_ms`. The price: a backlog of retries alone
-//! drains through its share (`retry_share = 1` lets retries use every slot). Retries
-//! always keep one slot, so a job's retry is never held forever.
+//! `max_in_flight` slots ([`Lanes`]), and only one while first attempts back up; first
+//! attempts may use every slot. So a retry storm against a flaky endpoint never takes
+//! the slots fresh deliveries need: first attempts due behind it find `1 - retry_share`
+//! of the slots free at once, and every slot a retry frees while they wait. A retry
+//! cannot be recalled once sent, so a retry allowed into an idle slot would hold it,
+//! when first attempts come, for up to the target's `timeout_ms`; hence the share even
+//! while no first attempt waits. The price: a backlog of retries alone drains through
+//! its share (`retry_share = 1` lets retries use every slot, and turns lanes off).
+//! Retries always keep one slot, so a job's retry is never held forever.
+//!
+//! First attempts *back up* when a reserve of the target's topic came back full
+//! (as many jobs as asked) with first attempts in it: more may be due behind them.
+//! That lasts until a round that reserved from every due topic of the target
+//! ([`Lanes::saw`]) found none so.
 //!
 //! Why this shape. Which due job is a retry only the job's record knows, and
 //! `lua/reserve.lua` takes earliest first, so the cap is applied where the records are read:
@@ -19,8 +26,8 @@
 //! target of `retry_share = 1` (or whose retry slots left cover its free slots) is
 //! reserved without a cap, the same call as before lanes.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::job::Topic;
@@ -31,10 +38,15 @@ pub(super) struct Lanes {
     /// `retry_share` × `max_in_flight`, rounded down, at least one: the most slots
     /// retries hold.
     share: usize,
+    max_in_flight: usize,
     counts: Arc<Counts>,
     /// Topics whose capped reserve held retries and took nothing, with the count of
     /// retries ended then: skipped until another retry ends.
     blocked: Mutex<HashMap<Topic, u64>>,
+    /// Topics whose last capped reserve met retries: first in line for the cap.
+    with_retries: Mutex<HashSet<Topic>>,
+    /// First attempts back up (see the module's doc): retries get one slot.
+    backed_up: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -80,8 +92,11 @@ impl Lanes {
     pub(super) fn new(max_in_flight: usize, retry_share: f64) -> Self {
         Self {
             share: share_slots(max_in_flight, retry_share),
+            max_in_flight,
             counts: Arc::default(),
             blocked: Mutex::default(),
+            with_retries: Mutex::default(),
+            backed_up: AtomicBool::new(false),
         }
     }
 
@@ -91,10 +106,38 @@ impl Lanes {
     }
 
     /// The retries a reserve for `room` free slots may take, or `None` when that cap
-    /// could not bind (it covers the room): reserve as usual.
+    /// could not bind (it covers the room): reserve as usual. Their share of the
+    /// slots, or one slot while first attempts back up, less the retries in flight.
     pub(super) fn cap(&self, room: usize) -> Option<usize> {
-        let left = self.share.saturating_sub(self.in_flight());
+        let share = if self.backed_up() && !self.off() {
+            1
+        } else {
+            self.share
+        };
+        let left = share.saturating_sub(self.in_flight());
         (left < room).then_some(left)
+    }
+
+    /// `retry_share = 1`: retries may use every slot, backed up or not.
+    fn off(&self) -> bool {
+        self.share >= self.max_in_flight
+    }
+
+    /// Whether first attempts back up (retries get one slot).
+    pub(super) fn backed_up(&self) -> bool {
+        self.backed_up.load(Ordering::Relaxed)
+    }
+
+    /// What a round's reserves for the target saw: `full_of_firsts`, whether some
+    /// topic's reserve came back full with first attempts in it; `every_topic`,
+    /// whether the round reserved from every due topic of the target. Backed up from
+    /// the first such reserve until a round of every topic finds none.
+    pub(super) fn saw(&self, full_of_firsts: bool, every_topic: bool) {
+        if full_of_firsts {
+            self.backed_up.store(true, Ordering::Relaxed);
+        } else if every_topic {
+            self.backed_up.store(false, Ordering::Relaxed);
+        }
     }
 
     /// Counts a job of `attempt` as a retry in flight, if it is one, until the guard
@@ -114,9 +157,39 @@ impl Lanes {
 
     /// `topic`'s reserve held retries and took nothing: skip it until a retry ends
     /// after `ended` (read before the reserve: a retry that ended while it ran freed
-    /// the lane already, and must not leave the topic waiting for another).
+    /// the lane already, and must not leave the topic waiting for another). Not while
+    /// no retry is in flight: none would end to let it go (the cap was then another
+    /// topic's, and the next round looks again).
     pub(super) fn block(&self, topic: Topic, ended: u64) {
-        self.lock().insert(topic, ended);
+        if self.in_flight() > 0 {
+            self.lock().insert(topic, ended);
+        }
+    }
+
+    /// `topics` with those whose last capped reserve met retries first, so that a cap
+    /// smaller than the count of topics goes where the retries are ([`split`] gives
+    /// the first ones more), not to a topic of first attempts only.
+    pub(super) fn retries_first(&self, topics: &[Topic]) -> Vec<Topic> {
+        let with = self
+            .with_retries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut ordered = topics.to_vec();
+        ordered.sort_by_key(|t| !with.contains(t));
+        ordered
+    }
+
+    /// Whether `topic`'s capped reserve met retries (held or taken).
+    pub(super) fn met_retries(&self, topic: &Topic, met: bool) {
+        let mut with = self
+            .with_retries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if met {
+            with.insert(topic.clone());
+        } else {
+            with.remove(topic);
+        }
     }
 
     /// Whether `topic` is still blocked (no retry ended since); forgets it if not.
@@ -176,6 +249,32 @@ mod tests {
     }
 
     #[test]
+    fn while_first_attempts_back_up_retries_keep_one_slot() {
+        let lanes = Lanes::new(8, 0.5);
+        lanes.saw(true, false);
+        assert!(lanes.backed_up());
+        assert_eq!(lanes.cap(8), Some(1), "one slot for retries, 7 for firsts");
+        let guard = lanes.start(2);
+        assert_eq!(lanes.cap(8), Some(0), "that slot taken: no more retries");
+        lanes.saw(false, false);
+        assert!(
+            lanes.backed_up(),
+            "a round that left a due topic out proves nothing"
+        );
+        lanes.saw(false, true);
+        assert!(!lanes.backed_up(), "every topic seen, none full of firsts");
+        assert_eq!(
+            lanes.cap(8),
+            Some(3),
+            "the share again: 4, less 1 in flight"
+        );
+        drop(guard);
+        let off = Lanes::new(8, 1.0);
+        off.saw(true, true);
+        assert_eq!(off.cap(8), None, "share 1 (lanes off): never capped");
+    }
+
+    #[test]
     fn the_cap_is_spread_over_topics_exactly() {
         assert_eq!(split(5, 3), vec![2, 2, 1]);
         assert_eq!(split(2, 4), vec![1, 1, 0, 0]);
@@ -198,6 +297,44 @@ mod tests {
         drop(guard);
         assert!(!lanes.blocked(&topic), "a retry ended: look again");
         assert!(!lanes.blocked(&topic));
+    }
+
+    #[test]
+    fn a_small_cap_goes_to_the_topics_that_met_retries() {
+        let lanes = Lanes::new(8, 0.5);
+        let (firsts, retries) = (
+            Topic::new("firsts").expect("a topic"),
+            Topic::new("retries").expect("a topic"),
+        );
+        let topics = vec![firsts.clone(), retries.clone()];
+        assert_eq!(
+            lanes.retries_first(&topics),
+            topics,
+            "nothing known: as given"
+        );
+        lanes.met_retries(&retries, true);
+        assert_eq!(
+            lanes.retries_first(&topics),
+            vec![retries.clone(), firsts.clone()]
+        );
+        assert_eq!(
+            split(1, 2),
+            vec![1, 0],
+            "so a cap of 1 is the retries' topic's"
+        );
+        lanes.met_retries(&retries, false);
+        assert_eq!(lanes.retries_first(&topics), topics);
+    }
+
+    #[test]
+    fn a_topic_is_not_blocked_while_no_retry_is_in_flight() {
+        let lanes = Lanes::new(8, 0.5);
+        let topic = Topic::new("t").expect("a topic");
+        lanes.block(topic.clone(), lanes.ended());
+        assert!(
+            !lanes.blocked(&topic),
+            "no retry in flight would ever end to let it go"
+        );
     }
 
     #[test]

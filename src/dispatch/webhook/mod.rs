@@ -13,7 +13,7 @@
 //! (Standard Webhooks); `health.rs` each target's breaker (a held target's
 //! topics are not reserved at all; a half-open one gets its one probe job); `lanes.rs`
 //! the retry lane: retries hold at most `retry_share` of the slots (the round's capped
-//! reserve), first attempts may use every slot.
+//! reserve), one while first attempts back up; first attempts may use every slot.
 
 mod client;
 mod delivery;
@@ -64,6 +64,8 @@ struct Target {
 struct Split {
     hooks: Vec<(usize, Vec<Topic>)>,
     full: HashSet<Topic>,
+    /// Targets with a due topic left out for want of a slot.
+    crowded: HashSet<usize>,
 }
 
 /// Every configured target.
@@ -146,6 +148,7 @@ impl WebhookSinks {
                 Some((_, topics)) if topics.len() < room => topics.push(topic),
                 None if room > 0 => split.hooks.push((index, vec![topic])),
                 _ => {
+                    split.crowded.insert(index);
                     split.full.insert(topic);
                 }
             }
@@ -219,11 +222,14 @@ impl WebhookSinks {
     /// sends them, retries (attempt > 1) at most the target's retry slots left
     /// (`lanes.rs`): the script skips the retries past that cap to reach the first
     /// attempts behind them. A topic that gave nothing but held retries waits until a
-    /// retry of the target ends rather than being scanned again each round.
+    /// retry of the target ends rather than being scanned again each round. What the
+    /// reserves saw tells the lanes whether first attempts back up (`every_topic`: no
+    /// due topic of the target was left out of this round).
     async fn serve(
         &self,
         index: usize,
         topics: &[Topic],
+        every_topic: bool,
         core: &mut Core<'_>,
     ) -> Result<(), RoundError> {
         let room = self.room(index);
@@ -231,41 +237,51 @@ impl WebhookSinks {
             return Ok(());
         };
         let each = (room / topics.len()).clamp(1, core.batch());
+        let mut backed_up = false;
         let Some(cap) = target.lanes.cap(room) else {
-            return self.reserve_and_send(index, topics, each, core).await;
+            for group in topics.chunks(RESERVE_GROUP) {
+                for (_, jobs) in core.reserve(group, each).await? {
+                    backed_up |= full_of_firsts(&jobs, each);
+                    self.send_all(index, jobs, core).await;
+                }
+            }
+            target.lanes.saw(backed_up, every_topic);
+            return Ok(());
         };
+        let topics = target.lanes.retries_first(topics);
         let caps = lanes::split(cap, topics.len());
         for (group, caps) in topics.chunks(RESERVE_GROUP).zip(caps.chunks(RESERVE_GROUP)) {
             let ended = target.lanes.ended();
+            let mut waiting = Vec::new();
             for (topic, jobs, held) in core.reserve_capped(group, each, caps).await? {
+                let met = held.retries > 0 || jobs.iter().any(|r| r.job.attempt > 1);
+                target.lanes.met_retries(&topic, met);
                 if held.retries > 0 && jobs.is_empty() {
-                    target.lanes.block(topic, ended);
+                    waiting.push(topic);
                 }
-                for reserved in jobs {
-                    self.send(index, reserved, core.settler(), false).await;
-                }
+                backed_up |= full_of_firsts(&jobs, each);
+                self.send_all(index, jobs, core).await;
+            }
+            // After the sends: a retry just started is one that will end.
+            for topic in waiting {
+                target.lanes.block(topic, ended);
             }
         }
+        target.lanes.saw(backed_up, every_topic);
         Ok(())
     }
 
-    /// Reserves up to `each` jobs of every topic of `topics` (no cap) and sends them.
-    async fn reserve_and_send(
-        &self,
-        index: usize,
-        topics: &[Topic],
-        each: usize,
-        core: &mut Core<'_>,
-    ) -> Result<(), RoundError> {
-        for group in topics.chunks(RESERVE_GROUP) {
-            for (_, jobs) in core.reserve(group, each).await? {
-                for reserved in jobs {
-                    self.send(index, reserved, core.settler(), false).await;
-                }
-            }
+    async fn send_all(&self, index: usize, jobs: Vec<Reserved>, core: &Core<'_>) {
+        for reserved in jobs {
+            self.send(index, reserved, core.settler(), false).await;
         }
-        Ok(())
     }
+}
+
+/// A topic's reserve came back full (`each` jobs) with first attempts in it: more may
+/// be due behind them.
+fn full_of_firsts(jobs: &[Reserved], each: usize) -> bool {
+    jobs.len() >= each && jobs.iter().any(|r| r.job.attempt <= 1)
 }
 
 impl WebhookSinks {
@@ -317,7 +333,11 @@ impl Sink for WebhookSinks {
                         .await;
                 }
             }
-            let Split { hooks, full } = self.split_by_target(due);
+            let Split {
+                hooks,
+                full,
+                crowded,
+            } = self.split_by_target(due);
             if hooks.is_empty() {
                 // Nothing due, or only topics of targets without a free slot: nap
                 // until a slot frees, a hint, or the next topic that can be served.
@@ -333,7 +353,8 @@ impl Sink for WebhookSinks {
                     }
                     _ => continue,
                 }
-                self.serve(index, &topics, core).await?;
+                let every_topic = !crowded.contains(&index);
+                self.serve(index, &topics, every_topic, core).await?;
             }
             Ok(Round::Served)
         })
