@@ -1,6 +1,7 @@
 //! What the faces show: the JSON of the HTTP API and of `redisched … --json`, one
 //! serializable view per thing, so the two answer the same thing identically. Also
-//! the one place that formats times for people (RFC 3339).
+//! the one place that formats times for people (RFC 3339). `target_redrive.rs` holds
+//! the answer to a re-drive by target, `held_by.rs` a topic held by its target's breaker.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -17,7 +18,9 @@ use crate::store::{
 };
 use crate::targets::{target_for, TargetConfig};
 
+mod held_by;
 mod target_redrive;
+pub use held_by::HeldBy;
 pub use target_redrive::{no_such_target, TargetRedriveView, TopicRedriven};
 
 /// First epoch ms that RFC 3339 (years 0000–9999) cannot show.
@@ -66,6 +69,9 @@ pub struct StatsRow {
     pub throttled: u64,
     /// The rate limit in force; `null`: unlimited.
     pub rate_limit: Option<RateLimitFields>,
+    /// Its webhook target's breaker holds its jobs; `null`: nothing does (no target, or
+    /// the target is closed).
+    pub held_by: Option<HeldBy>,
 }
 
 /// A rate limit as both faces show it.
@@ -127,6 +133,7 @@ impl StatsRow {
             throttled: stats.throttled,
             rate_limit: RateLimitFields::new(stats.rate_limit),
             target: None,
+            held_by: None,
         }
     }
 }
@@ -148,6 +155,19 @@ impl TopicsView {
     pub fn with_targets(mut self, targets: &[TargetConfig]) -> Self {
         for row in &mut self.topics {
             row.target = target_for(targets, row.topic.as_str()).map(|(_, t)| t.name.clone());
+        }
+        self
+    }
+
+    /// Fills each topic's `held_by` from every target's breaker (`health`: by target
+    /// name, as `Store::targets_health` reads it).
+    pub fn with_held_by(
+        mut self,
+        targets: &[TargetConfig],
+        health: &[(String, crate::store::TargetHealth)],
+    ) -> Self {
+        for row in &mut self.topics {
+            row.held_by = HeldBy::of(targets, health, row.topic.as_str());
         }
         self
     }

@@ -1,8 +1,8 @@
 //! The read commands: `get`, `list`, `stats` and `history`.
 
 use crate::job::{JobId, Topic};
-use crate::store::{JobState, ListWhich, RateSource, Store, MAX_BATCH};
-use crate::view::{self, rfc3339, HistoryView, JobView, ListView, TopicsView};
+use crate::store::{JobState, ListWhich, RateSource, Store, TopicStats, MAX_BATCH};
+use crate::view::{self, rfc3339, HeldBy, HistoryView, JobView, ListView, TopicsView};
 
 use super::output::{relative, Output};
 use super::{CliError, JobRef};
@@ -165,8 +165,24 @@ pub(super) async fn stats(
         let stats = store.stats(&topic).await?;
         rows.push((topic, stats));
     }
-    let json = view::to_json(&TopicsView::new(&rows).with_targets(targets));
-    let human = if rows.is_empty() {
+    let health = store.targets_health(targets).await?;
+    let view = TopicsView::new(&rows)
+        .with_targets(targets)
+        .with_held_by(targets, &health);
+    let held: Vec<String> = view
+        .topics
+        .iter()
+        .map(|row| HeldBy::describe(row.held_by.as_ref()))
+        .collect();
+    Ok(Output {
+        json: view::to_json(&view),
+        human: stats_table(&rows, &held),
+    })
+}
+
+/// The human `stats`: one row per topic; `held` is each topic's `HELD BY` cell.
+fn stats_table(rows: &[(Topic, TopicStats)], held: &[String]) -> String {
+    if rows.is_empty() {
         "no topics yet".to_string()
     } else {
         let width = rows
@@ -184,9 +200,10 @@ pub(super) async fn stats(
             })
             .collect();
         let limit_width = limits.iter().map(String::len).max().unwrap_or(1).max(10);
+        let held_width = held.iter().map(String::len).max().unwrap_or(1).max(7);
         // PAUSED stays last: scripts read a paused topic's row as ending in `yes`.
         let mut out = format!(
-            "{:<width$}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>9}  {:<limit_width$}  {:>6}\n",
+            "{:<width$}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>9}  {:<limit_width$}  {:<held_width$}  {:>6}\n",
             "TOPIC",
             "SCHEDULED",
             "DUE NOW",
@@ -195,11 +212,12 @@ pub(super) async fn stats(
             "FAILING",
             "THROTTLED",
             "RATE LIMIT",
+            "HELD BY",
             "PAUSED"
         );
-        for ((topic, s), limit) in rows.iter().zip(&limits) {
+        for (((topic, s), limit), held) in rows.iter().zip(&limits).zip(held) {
             out.push_str(&format!(
-                "{:<width$}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>9}  {:<limit_width$}  {:>6}\n",
+                "{:<width$}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>9}  {:<limit_width$}  {:<held_width$}  {:>6}\n",
                 topic.as_str(),
                 s.scheduled,
                 s.due_now,
@@ -208,12 +226,12 @@ pub(super) async fn stats(
                 s.failing,
                 s.throttled,
                 limit,
+                held,
                 if s.paused { "yes" } else { "no" },
             ));
         }
         out.trim_end().to_string()
-    };
-    Ok(Output { json, human })
+    }
 }
 
 pub(super) async fn history(

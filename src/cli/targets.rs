@@ -19,13 +19,7 @@ pub(super) async fn targets(store: &Store, targets: &[TargetConfig]) -> Result<O
             rows.push((topic, stats));
         }
     }
-    let mut health = Vec::new();
-    for t in targets {
-        let h = store
-            .target_health(&t.name, &t.breaker, HealthOp::Get)
-            .await?;
-        health.push((t.name.clone(), h));
-    }
+    let health = store.targets_health(targets).await?;
     let view = view::TargetsView::new(targets, |_| None)
         .with_backlog(targets, &rows)
         .with_health(&health);

@@ -35,11 +35,18 @@ const MAX_AT_DIGITS: usize = 16;
 // ---------------------------------------------------------------------------------
 // Reads
 
-/// `GET /v1/topics`: every known topic with its counts.
+/// `GET /v1/topics`: every known topic with its counts, its webhook target and whether
+/// that target's breaker holds it.
 pub(super) async fn topics(State(state): State<AppState>) -> Result<Json<TopicsView>, ApiError> {
-    let rows = super::ops::topic_stats(&state).await?;
+    let targets = &state.config.targets;
+    let (rows, health) = tokio::try_join!(
+        super::ops::topic_stats(&state),
+        state.store.targets_health(targets)
+    )?;
     Ok(Json(
-        TopicsView::new(&rows).with_targets(&state.config.targets),
+        TopicsView::new(&rows)
+            .with_targets(targets)
+            .with_held_by(targets, &health),
     ))
 }
 

@@ -19,14 +19,7 @@ use crate::view::{
 
 pub(super) async fn targets(State(state): State<AppState>) -> Result<Json<TargetsView>, ApiError> {
     let webhooks = &state.metrics.webhooks;
-    let mut health = Vec::new();
-    for t in &state.config.targets {
-        let h = state
-            .store
-            .target_health(&t.name, &t.breaker, HealthOp::Get)
-            .await?;
-        health.push((t.name.clone(), h));
-    }
+    let health = state.store.targets_health(&state.config.targets).await?;
     Ok(Json(
         TargetsView::new(&state.config.targets, |name| Some(webhooks.status(name)))
             .with_health(&health),

@@ -3,7 +3,9 @@
 //! dead target's breaker opens within `min_requests`, probes at most once per `open_ms`
 //! across every bridge, its jobs spend no attempts while it is open and are all
 //! delivered once it recovers; a 410 from the target's URL disables it (event on
-//! `redisched.events`, metric, API) until `POST /v1/targets/{name}/enable`.
+//! `redisched.events`, metric, API) until `POST /v1/targets/{name}/enable`. Meanwhile
+//! `GET /v1/topics` shows the topic `held_by` the target, and `null` again once it is
+//! closed.
 
 use crate::common;
 
@@ -104,7 +106,16 @@ async fn dead_target(label: &str, bridges: usize) {
     receiver.set_default(Answer::status(500).body("down"));
     let config = config(label, receiver.url("/hook"));
     let broker = Broker::new(&config).await;
-    let running: Vec<_> = (0..bridges).map(|_| InProcess::start(&config)).collect();
+    // The first bridge serves the API (one port: the others serve none).
+    let mut first = config.clone();
+    let port = free_port();
+    first.http.enabled = true;
+    first.http.listen = format!("127.0.0.1:{port}");
+    let base = format!("http://127.0.0.1:{port}");
+    let running: Vec<_> = (0..bridges)
+        .map(|i| InProcess::start(if i == 0 { &first } else { &config }))
+        .collect();
+    wait_for_api(&base).await;
     let store = common::test_store_named(&config.redis.prefix).await;
     let ids: Vec<String> = (0..6).map(|i| format!("j{i}")).collect();
     for id in &ids {
@@ -112,6 +123,14 @@ async fn dead_target(label: &str, bridges: usize) {
     }
     wait_state(&store, &config, State::Open).await;
     let at_open = receiver.received().len();
+    // Shown per topic; still failing, so open or (probing) half_open, never closed.
+    let held = held_by(&base, "ledger").await;
+    assert_eq!(held["target"], "ledger", "{held}");
+    assert!(
+        held["state"] == "open" || held["state"] == "half_open",
+        "{held}"
+    );
+    assert!(held["state_reason"].is_string(), "{held}");
     assert!(
         at_open <= 3 + bridges,
         "opened within min_requests (3) and the requests in flight ({bridges}): {at_open}"
@@ -137,6 +156,10 @@ async fn dead_target(label: &str, bridges: usize) {
     receiver.set_default(Answer::status(204));
     all_released(&store, &ids).await;
     assert_eq!(state(&store, &config).await, State::Closed);
+    assert!(
+        held_by(&base, "ledger").await.is_null(),
+        "closed: held by nothing"
+    );
     let counts = by_id(&receiver, recovered);
     for id in &ids {
         assert_eq!(counts.get(id), Some(&1), "{id} delivered once: {counts:?}");
@@ -179,6 +202,23 @@ async fn next_event(
             return (event.routing_key.to_string(), body);
         }
     }
+}
+
+/// `held_by` of `topic`'s row of `GET /v1/topics` (present, `null` or an object).
+async fn held_by(base: &str, topic: &str) -> serde_json::Value {
+    let reply = reqwest::get(format!("{base}/v1/topics"))
+        .await
+        .expect("GET");
+    assert!(reply.status().is_success());
+    let json: serde_json::Value = reply.json().await.expect("json");
+    let rows = json["topics"].as_array().cloned().unwrap_or_default();
+    let row = rows
+        .iter()
+        .find(|r| r["topic"] == topic)
+        .unwrap_or_else(|| panic!("no row of {topic}: {json}"));
+    row.get("held_by")
+        .cloned()
+        .unwrap_or_else(|| panic!("no held_by: {row}"))
 }
 
 async fn targets_json(base: &str) -> serde_json::Value {
@@ -263,6 +303,16 @@ async fn a_410_disables_the_target_until_enabled_then_every_held_job_goes_once()
     let row = targets_json(&base).await;
     assert_eq!(row["state"], "disabled");
     assert_eq!(row["held_by_breaker"], true);
+    let held = held_by(&base, "ledger").await;
+    assert_eq!(
+        held,
+        serde_json::json!({"target": name, "state": "disabled", "state_reason": row["state_reason"]}),
+        "the topic's view of the target's state"
+    );
+    assert!(
+        held["state_reason"].as_str().unwrap_or("").contains("410"),
+        "{held}"
+    );
     let dashboard = reqwest::get(format!("{base}/")).await.expect("dashboard");
     let html = dashboard.text().await.expect("html");
     assert!(
@@ -301,6 +351,10 @@ async fn a_410_disables_the_target_until_enabled_then_every_held_job_goes_once()
         assert_eq!(counts.get(id), Some(&1), "{id} delivered once: {counts:?}");
     }
     assert_eq!(targets_json(&base).await["state"], "closed");
+    assert!(
+        held_by(&base, "ledger").await.is_null(),
+        "enabled: held by nothing"
+    );
     bridge.stop().await;
     broker.cleanup().await;
 }

@@ -134,7 +134,7 @@ fn put_get_list_stats_delete_in_human_output() {
         .unwrap_or_else(|| panic!("{out}"));
     assert_eq!(
         row.split_whitespace().collect::<Vec<_>>(),
-        ["mails", "2", "0", "0", "0", "0", "0", "-", "no"]
+        ["mails", "2", "0", "0", "0", "0", "0", "-", "-", "no"]
     );
 
     assert_eq!(

@@ -26,7 +26,7 @@ use redisched::http::{self, AppState};
 use redisched::job::spec::ScheduleSpec;
 use redisched::job::{Due, JobId, PutMode, Topic};
 use redisched::metrics::Metrics;
-use redisched::store::{JobState, Lease, PutRequest, RetryOutcome, Store};
+use redisched::store::{HealthOp, JobState, Lease, PutRequest, RetryOutcome, Store};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -1234,18 +1234,21 @@ async fn screenshot_at(client: &Client, name: &str, width: u32) -> PathBuf {
 
 /// Webhook targets on the page: the panel lists them, a failing one stands out (row and
 /// last status marked, the error in the tooltip), a healthy one does not, and a topic
-/// names the target its jobs go to.
+/// names the target its jobs go to; a topic whose target's breaker holds it carries a
+/// badge (target and state, the reason on hover), one whose target is closed none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_targets_show_and_a_failing_one_stands_out() {
     let _turn = BROWSER_TURN.lock().await;
     let store = common::test_store().await;
-    put(
-        &store,
-        &Topic::new("billing.eu").unwrap(),
-        "invoice-1",
-        Due::Delay(600_000),
-    )
-    .await;
+    for topic in ["billing.eu", "mail.news"] {
+        put(
+            &store,
+            &Topic::new(topic).unwrap(),
+            "job-1",
+            Due::Delay(600_000),
+        )
+        .await;
+    }
     let mut config = Config::default();
     for (name, pattern) in [("billing", "billing.#"), ("mailer", "mail.#")] {
         config.targets.push(redisched::targets::TargetConfig {
@@ -1255,6 +1258,11 @@ async fn webhook_targets_show_and_a_failing_one_stands_out() {
             ..Default::default()
         });
     }
+    let mailer = &config.targets[1];
+    store
+        .target_health(&mailer.name, &mailer.breaker, HealthOp::Disable)
+        .await
+        .expect("disable mailer");
     let site = Site::start(&store, config).await;
     let webhooks = &site.state.metrics.webhooks;
     webhooks.started("billing");
@@ -1280,7 +1288,14 @@ async fn webhook_targets_show_and_a_failing_one_stands_out() {
         rows,
         json!([
             ["billing", false, false, "", "200", "closed"],
-            ["mailer", true, true, error, "503", "closed"]
+            [
+                "mailer",
+                true,
+                true,
+                error,
+                "503",
+                "disabled (held by the breaker)"
+            ]
         ]),
         "{rows}"
     );
@@ -1294,6 +1309,25 @@ async fn webhook_targets_show_and_a_failing_one_stands_out() {
     wait_for(&client, "#topics tr[data-topic='billing.eu']").await;
     let topic_row = text_of(&client, "#topics tr[data-topic='billing.eu']").await;
     assert!(topic_row.contains("→ billing"), "{topic_row}");
+    wait_for(&client, "#topics tr[data-topic='mail.news'] .badge.held").await;
+    let badges = js(
+        &client,
+        "return [...document.querySelectorAll('#topics tr')].map(r => \
+           [r.dataset.topic, r.dataset.heldBy || null, \
+            [...r.querySelectorAll('.badge.held')].map(b => [b.textContent, b.title])]);",
+    )
+    .await;
+    assert_eq!(
+        badges,
+        json!([
+            ["billing.eu", null, []],
+            ["mail.news", "mailer", [[
+                "held by mailer (disabled)",
+                "Held by the breaker of target mailer (disabled): disabled by hand. Its jobs wait, spending no attempts."
+            ]]]
+        ]),
+        "{badges}"
+    );
     screenshot(&client, "dashboard-targets").await;
     client.close().await.expect("close the browser");
 }

@@ -526,19 +526,38 @@ fn the_deps_script_pins_the_versions_the_error_names() {
     assert!(HOW_TO_INSTALL.contains("schemathesis==4.32.5"));
 }
 
+/// Python that defines `schema_of(text)`: the JSON Schema of an OpenAPI 3.0 schema,
+/// `nullable: true` read as OpenAPI means it (`null` is valid too), as schemathesis reads
+/// it; draft 4 alone does not know `nullable` and would refuse every `null`. The
+/// components stay at the root, where the `$ref`s point.
+const SCHEMA_OF: &str = "import json, sys, jsonschema\n\
+    def nullable(s):\n\
+    \x20   if isinstance(s, list):\n\
+    \x20       return [nullable(v) for v in s]\n\
+    \x20   if not isinstance(s, dict):\n\
+    \x20       return s\n\
+    \x20   s = {k: nullable(v) for k, v in s.items()}\n\
+    \x20   return {'anyOf': [s, {'type': 'null'}]} if s.pop('nullable', False) else s\n\
+    def schema_of(text):\n\
+    \x20   schema = json.loads(text)\n\
+    \x20   components = nullable(schema.pop('components', {}))\n\
+    \x20   return dict(nullable(schema), components=components)\n";
+
 /// Whether `instance` is valid against `schema` (JSON Schema draft 4, the base of
-/// OpenAPI 3.0's schemas), by the `jsonschema` package schemathesis brings along.
+/// OpenAPI 3.0's schemas, with `nullable`), by the `jsonschema` package schemathesis
+/// brings along.
 async fn schema_accepts(doc: &Value, schema: &Value, instance: &Value) -> bool {
     let python = tool("python3");
     // `$ref`s point into the document's components.
     let mut schema = schema.clone();
     schema["components"] = doc["components"].clone();
-    let script = "import json, sys, jsonschema\n\
-                  schema, instance = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n\
-                  print('valid' if jsonschema.Draft4Validator(schema).is_valid(instance) else 'invalid')";
+    let script = format!(
+        "{SCHEMA_OF}schema, instance = schema_of(sys.argv[1]), json.loads(sys.argv[2])\n\
+         print('valid' if jsonschema.Draft4Validator(schema).is_valid(instance) else 'invalid')"
+    );
     let mut command = tokio::process::Command::new(python);
     command
-        .args(["-c", script])
+        .args(["-c", script.as_str()])
         .arg(schema.to_string())
         .arg(instance.to_string());
     let (ok, output) = run(command, Duration::from_secs(30)).await;
@@ -554,12 +573,13 @@ async fn schema_accepts_each(doc: &Value, schema: &Value, instances: &[Value]) -
     let python = tool("python3");
     let mut schema = schema.clone();
     schema["components"] = doc["components"].clone();
-    let script = "import json, sys, jsonschema\n\
-                  v = jsonschema.Draft4Validator(json.loads(sys.argv[1]))\n\
-                  print(' '.join('valid' if v.is_valid(i) else 'invalid' for i in json.loads(sys.argv[2])))";
+    let script = format!(
+        "{SCHEMA_OF}v = jsonschema.Draft4Validator(schema_of(sys.argv[1]))\n\
+         print(' '.join('valid' if v.is_valid(i) else 'invalid' for i in json.loads(sys.argv[2])))"
+    );
     let mut command = tokio::process::Command::new(python);
     command
-        .args(["-c", script])
+        .args(["-c", script.as_str()])
         .arg(schema.to_string())
         .arg(Value::Array(instances.to_vec()).to_string());
     let (ok, output) = run(command, Duration::from_secs(60)).await;
@@ -943,4 +963,87 @@ async fn the_target_health_endpoints_answer_as_documented() {
         )
         .await
     );
+}
+
+/// `GET /v1/topics` with a topic held by its target's breaker answers as the document
+/// says: the answer is valid against the documented 200 schema; `held_by` takes an
+/// object of the `HeldBy` schema or `null`, never a state that holds nothing (`closed`)
+/// nor an object without its target.
+#[tokio::test]
+async fn a_topic_held_by_its_targets_breaker_answers_as_documented() {
+    let store = common::test_store().await;
+    let mut config = Config::default();
+    config.targets.push(redisched::targets::TargetConfig {
+        name: "billing".into(),
+        topics: vec!["billing.#".into()],
+        url: "http://127.0.0.1:9/hook".into(),
+        ..Default::default()
+    });
+    config.validate().expect("a valid test config");
+    let served = common::api::serve(store.store.clone(), config).await;
+    let client = &served.client;
+    let url = |path: &str| format!("{}{path}", served.base);
+    for path in [
+        "/v1/topics/billing.eu/jobs/i1?delay_ms=600000",
+        "/v1/topics/plain/jobs/p1?delay_ms=600000",
+    ] {
+        let res = client.put(url(path)).body("x").send().await.expect("PUT");
+        assert_eq!(res.status(), StatusCode::CREATED, "{path}");
+    }
+    let res = client
+        .post(url("/v1/targets/billing/disable"))
+        .send()
+        .await
+        .expect("disable");
+    assert_eq!(res.status(), StatusCode::OK);
+    let doc: Value = client
+        .get(url("/v1/openapi.json"))
+        .send()
+        .await
+        .expect("document")
+        .json()
+        .await
+        .expect("JSON");
+    let topics: Value = client
+        .get(url("/v1/topics"))
+        .send()
+        .await
+        .expect("GET /v1/topics")
+        .json()
+        .await
+        .expect("JSON");
+    let answer = &doc["paths"]["/v1/topics"]["get"]["responses"]["200"]["content"]
+        ["application/json"]["schema"];
+    assert!(
+        schema_accepts(&doc, answer, &topics).await,
+        "the documented schema refuses {topics}"
+    );
+    let rows = topics["topics"].as_array().cloned().unwrap_or_default();
+    let held_of = |topic: &str| {
+        rows.iter()
+            .find(|r| r["topic"] == topic)
+            .map(|r| r["held_by"].clone())
+            .unwrap_or_else(|| panic!("no {topic}: {topics}"))
+    };
+    let held = held_of("billing.eu");
+    assert_eq!(
+        held,
+        json!({"target": "billing", "state": "disabled", "state_reason": "disabled by hand"})
+    );
+    assert_eq!(held_of("plain"), Value::Null);
+    let field = &doc["components"]["schemas"]["TopicStats"]["properties"]["held_by"];
+    let verdicts = schema_accepts_each(
+        &doc,
+        field,
+        &[
+            held,
+            Value::Null,
+            json!({"target": "billing", "state": "half_open", "state_reason": null}),
+            json!({"target": "billing", "state": "closed", "state_reason": null}),
+            json!({"state": "open", "state_reason": "down"}),
+        ],
+    )
+    .await;
+    assert_eq!(verdicts, [true, true, true, false, false]);
+    served.shutdown.cancel();
 }

@@ -1,6 +1,7 @@
 //! Tests at the store's boundary against real Redis topologies and states: the smoke and
-//! model tests of `Store`, the topics registry, Redis Cluster, replicas, eviction and OOM, and
-//! `redisched check` on keys in an unexpected state.
+//! model tests of `Store`, the topics registry, Redis Cluster, replicas, eviction and OOM,
+//! `redisched check` on keys in an unexpected state, and the webhook targets' breakers read
+//! at once.
 //!
 //! One binary with one module per feature (`cargo test --test store <module>::`): one link
 //! of the library for all of them.
@@ -15,4 +16,5 @@ mod redrive_window;
 mod replication;
 mod store_model;
 mod store_smoke;
+mod target_health;
 mod topic_registry;

@@ -4,7 +4,8 @@
 //! Cost: a bridge counts its requests' outcomes in memory and sends them in one `sync`
 //! call per target about once a second (at once while failures are pending, and
 //! every 100 ms while the target is held), so a healthy target's jobs cost no round
-//! trip of their own; `probe` and `gone` are sent as they happen (rare).
+//! trip of their own; `probe` and `gone` are sent as they happen (rare). The faces read
+//! every target's state at once ([`Store::targets_health`]): `get` calls, one round trip.
 
 use redis::Value;
 
@@ -12,7 +13,7 @@ use crate::store::call::Call;
 use crate::store::reply::Reader;
 use crate::store::{Store, StoreError};
 use crate::targets::health::{Change, State};
-use crate::targets::BreakerConfig;
+use crate::targets::{BreakerConfig, TargetConfig};
 
 /// One call of `target_health.lua`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +63,35 @@ impl Store {
         breaker: &BreakerConfig,
         op: HealthOp,
     ) -> Result<TargetHealth, StoreError> {
+        let value = self
+            .exec
+            .run_one(self.health_call(target, breaker, op))
+            .await?;
+        decode(target, value)
+    }
+
+    /// Every target's breaker as Redis holds it, in the order of `targets`: a `get` of
+    /// each (which changes nothing and leaves the changes to announce for the next
+    /// sync), all in one round trip on a standalone Redis (on a cluster each target's
+    /// keys have a slot of their own: one call per target, all at once). A target no
+    /// bridge has written yet reads as closed. No targets, no round trip.
+    pub async fn targets_health(
+        &self,
+        targets: &[TargetConfig],
+    ) -> Result<Vec<(String, TargetHealth)>, StoreError> {
+        let calls: Vec<Call> = targets
+            .iter()
+            .map(|t| self.health_call(&t.name, &t.breaker, HealthOp::Get))
+            .collect();
+        let replies = self.exec.run(&calls).await?;
+        targets
+            .iter()
+            .zip(replies)
+            .map(|(t, reply)| Ok((t.name.clone(), decode(&t.name, reply?)?)))
+            .collect()
+    }
+
+    fn health_call(&self, target: &str, breaker: &BreakerConfig, op: HealthOp) -> Call {
         let [health, events] = self.keys.target_health(target);
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.exec.scripts().target_health.get_hash())
@@ -100,8 +130,7 @@ impl Store {
             .arg(b)
             .arg(c)
             .arg(reason);
-        let value = self.exec.run_one(Call::global(cmd)).await?;
-        decode(target, value)
+        Call::global(cmd)
     }
 }
 
