@@ -1,4 +1,4 @@
-//! A target's HTTP client: the call (one POST of the request `request.rs` builds, to
+//! A target's HTTP client: the call (one POST of the request `delivery.rs` prepares, to
 //! the target's URL or the job's own one, checked again and connected to through the
 //! address guard of `resolve.rs`) and what its answer means ([`Delivered`], or a
 //! [`Failure`] with its metrics code, `last_error` text and `Retry-After`). It knows
@@ -7,9 +7,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use hyper::body::Bytes;
+use lapin::protocol::basic::AMQPProperties;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER, USER_AGENT};
 
-use super::request::{self, Outgoing};
 use super::resolve;
 use crate::job::meta::own_url;
 use crate::targets::TargetConfig;
@@ -104,24 +105,45 @@ impl Client {
         })
     }
 
-    /// POSTs one job and says what came of it; also returns how long it took, and
-    /// whether it was meant for the target's own URL rather than a job's own (only
+    /// The headers every request starts from: `User-Agent` and the target's own.
+    pub(super) fn extra(&self) -> &HeaderMap {
+        &self.extra
+    }
+
+    /// The signing secrets' keys still valid now.
+    pub(super) fn signing_keys(&self) -> Vec<&[u8]> {
+        let now_ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        self.keys
+            .iter()
+            .filter(|(_, until)| until.is_none_or(|until| now_ms < until))
+            .map(|(key, _)| key.as_slice())
+            .collect()
+    }
+
+    /// POSTs one job's prepared request (`props`: the job's stored properties, which
+    /// may name its own URL) and says what came of it; also returns how long it took,
+    /// and whether it was meant for the target's own URL rather than a job's own (only
     /// those answers tell of the target's health).
     pub(super) async fn post(
         &self,
-        job: &Outgoing<'_>,
+        props: &AMQPProperties,
+        headers: HeaderMap,
+        body: Bytes,
     ) -> (Result<Delivered, Failure>, Duration, bool) {
         let started = Instant::now();
-        let own = own_url(job.props);
+        let own = own_url(props);
         let to_target = !matches!(own, Ok(Some(_)));
-        let result = self.try_post(job, own).await;
+        let result = self.try_post(own, headers, body).await;
         (result, started.elapsed(), to_target)
     }
 
     async fn try_post(
         &self,
-        job: &Outgoing<'_>,
         own: Result<Option<String>, String>,
+        headers: HeaderMap,
+        body: Bytes,
     ) -> Result<Delivered, Failure> {
         let name = &self.target.name;
         // A job's own URL is checked again here (the configuration may have changed
@@ -139,20 +161,10 @@ impl Client {
             }
         };
         let url = own.as_deref().unwrap_or(&self.target.url);
-        let body = request::body(&self.target, job);
         // Built whole rather than through `RequestBuilder`, which would copy the
         // headers over one by one into a map of its own.
         let mut post = reqwest::Request::new(reqwest::Method::POST, parsed);
-        let now_ms = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        let keys: Vec<&[u8]> = self
-            .keys
-            .iter()
-            .filter(|(_, until)| until.is_none_or(|until| now_ms < until))
-            .map(|(key, _)| key.as_slice())
-            .collect();
-        *post.headers_mut() = request::headers(&self.target, &self.extra, &keys, job, &body);
+        *post.headers_mut() = headers;
         *post.body_mut() = Some(body.into());
         let response = http
             .execute(post)

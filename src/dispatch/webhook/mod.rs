@@ -6,20 +6,18 @@
 //! recorded); a delivered job's release is batched with others'. Its loop runs for the
 //! whole process and needs no broker.
 //!
-//! By role: here the targets, their slots and the round; `delivery.rs` one request's
-//! task (prepare, call, handle) and the batched releases; `client.rs` a target's HTTP
-//! client and what an answer means, with `resolve.rs` the address guard under the
-//! client of jobs' own URLs; `request.rs` the request a job becomes, and its signature
-//! (Standard Webhooks); `health.rs` each target's breaker (a held target's
-//! topics are not reserved at all; a half-open one gets its one probe job); `lanes.rs`
-//! the retry lane: retries hold at most `retry_share` of the slots (the round's capped
-//! reserve), one while first attempts back up; first attempts may use every slot.
+//! By role: here the targets, their slots and the round; `gate.rs` what the round may
+//! reserve for a target now: its breaker's allow (a held target's topics are not
+//! reserved at all; a half-open one gets its one probe job) and its retry lane's cap
+//! (retries hold at most `retry_share` of the slots, one while first attempts back up;
+//! first attempts may use every slot); `delivery.rs` one request's task (prepare: the
+//! request a job becomes, and its Standard Webhooks signature; call; handle) and the
+//! batched releases; `client.rs` a target's HTTP client and what an answer means, with
+//! `resolve.rs` the address guard under the client of jobs' own URLs.
 
 mod client;
 mod delivery;
-mod health;
-mod lanes;
-mod request;
+mod gate;
 mod resolve;
 
 use std::collections::HashSet;
@@ -32,10 +30,9 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::task::TaskTracker;
 
 use client::Client;
+pub use delivery::FORWARDED_PREFIX;
 use delivery::{Delivery, Releases};
-use health::{Allow, Health};
-use lanes::Lanes;
-pub use request::FORWARDED_PREFIX;
+use gate::{Allow, Health, Lanes};
 
 use super::reserve::{Reserved, RESERVE_GROUP};
 use super::settle::Settler;
@@ -220,7 +217,7 @@ impl WebhookSinks {
 
     /// Reserves for target `index`'s due `topics` at most its free slots' worth and
     /// sends them, retries (attempt > 1) at most the target's retry slots left
-    /// (`lanes.rs`): the script skips the retries past that cap to reach the first
+    /// (`gate.rs`): the script skips the retries past that cap to reach the first
     /// attempts behind them. A topic that gave nothing but held retries waits until a
     /// retry of the target ends rather than being scanned again each round. What the
     /// reserves saw tells the lanes whether first attempts back up (`every_topic`: no
@@ -249,7 +246,7 @@ impl WebhookSinks {
             return Ok(());
         };
         let topics = target.lanes.retries_first(topics);
-        let caps = lanes::split(cap, topics.len());
+        let caps = gate::split(cap, topics.len());
         for (group, caps) in topics.chunks(RESERVE_GROUP).zip(caps.chunks(RESERVE_GROUP)) {
             let ended = target.lanes.ended();
             let mut waiting = Vec::new();
