@@ -10,7 +10,8 @@
 //!
 //! Here: the [`Dispatcher`], its loops, the [`Core`] each turn lends the sink's round,
 //! and where routes are chosen ([`routes`]). Beside it, shared by every sink: `sink.rs`
-//! the seam (the [`Sink`] trait, [`Routes`]), `plan.rs` the plan and the server clock,
+//! the seam (the [`Sink`] trait, [`Routes`]), `plan.rs` the plan, `clock.rs` the server
+//! clock,
 //! `reserve.rs` the reserve (`Core`'s methods) and each job's triage into a [`Reserved`]
 //! job with its settle [`Ticket`], `set_aside.rs` expired jobs set aside, `settle.rs`
 //! every outcome (release, failure, backoff). One folder per sink: `amqp/` (the ready
@@ -18,6 +19,7 @@
 //! the two never import each other.
 
 mod amqp;
+mod clock;
 mod plan;
 mod reserve;
 mod set_aside;
@@ -40,8 +42,9 @@ use crate::log_throttle::LogThrottle;
 use crate::metrics::Metrics;
 use crate::store::{DueHints, Store, StoreError};
 use amqp::AmqpSink;
-pub use plan::{Plan, ServerClock};
-pub use reserve::{Held, Reserved, Ticket, RESERVE_GROUP};
+pub use clock::ServerClock;
+pub use plan::Plan;
+pub use reserve::{Held, Learned, Reserved, Ticket, RESERVE_GROUP};
 pub use set_aside::SetAside;
 pub use settle::{retry_delay, Settler};
 pub use sink::{Round, RoundError, Route, Routes, Sink};
@@ -91,7 +94,8 @@ pub struct Dispatcher {
 #[derive(Debug)]
 pub struct Core<'a> {
     dispatcher: &'a Dispatcher,
-    plan: &'a mut Plan,
+    /// Where the reserve leaves what its replies said, for the plan's next turn.
+    learned: &'a mut Learned,
     settler: &'a Arc<Settler>,
     shutdown: &'a CancellationToken,
 }
@@ -203,11 +207,14 @@ impl Dispatcher {
         let due = plan.due_in_turn(self.clock.now());
         let mut core = Core {
             dispatcher: self,
-            plan,
+            learned: &mut plan.learned,
             settler,
             shutdown,
         };
         if let Round::Idle(waiting) = sink.round(due, &mut core).await? {
+            // No job taken: what the replies said (a rate limit's next token, say) sets
+            // the nap's end now rather than one more turn later.
+            plan.learn();
             self.nap(plan, poll, &waiting, sink, shutdown).await;
         }
         Ok(())
@@ -229,7 +236,8 @@ impl Dispatcher {
         self.routes.route(topic) == route
     }
 
-    /// Takes the hints into the plan and rescans topics: a full pass at start and after
+    /// Takes into the plan what the last round's replies said, then the hints, and
+    /// rescans topics: a full pass at start and after
     /// missed notifications; otherwise one chunk of topics per poll interval, so a tick
     /// never costs a call per topic.
     async fn update_plan(
@@ -238,6 +246,7 @@ impl Dispatcher {
         poll: Duration,
         route: Route,
     ) -> Result<(), StoreError> {
+        plan.learn();
         for (topic, due) in self.hints.take_hints() {
             if self.mine(route, &topic) {
                 plan.hinted(topic, due);

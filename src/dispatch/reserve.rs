@@ -1,15 +1,17 @@
 //! The reserve, for every sink: one round trip for a group of due topics
 //! (`lua/reserve.lua`, which alone decides what is due and applies rate limits), the
-//! plan and the server clock corrected from its replies, and each job triaged before a
+//! server clock corrected from its replies (and what they say of each topic kept for
+//! the plan's next turn, [`Learned`]), and each job triaged before a
 //! sink sees it: its settle [`Ticket`] made (what releasing or handing it back needs,
 //! whichever sink delivers it); a series occurrence whose next one cannot be computed
 //! failed; an expired job (judged here by the rule of `src/job/expiry.rs`) set aside
 //! (`set_aside.rs`). What is left goes to the sink's round as [`Reserved`] jobs, to be
 //! sent. While spans are exported, each job also carries its topic's last pause that
-//! ended (the plan's record, begun with one read of since when the topic is paused), for
+//! ended (recorded here, begun with one read of since when the topic is paused), for
 //! its delivery span's `redisched.paused_ms`. Here are the reserve methods of [`Core`];
 //! the struct itself is in `mod.rs`, beside the turn that builds it.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use lapin::protocol::basic::AMQPProperties;
@@ -36,8 +38,8 @@ pub struct Held {
 
 impl Core<'_> {
     /// Reserves up to `each` jobs of every topic of `group` (keep it to
-    /// [`RESERVE_GROUP`]) in one round trip, corrects the plan and the clock from the
-    /// replies, and returns each topic's jobs to deliver (expired ones set aside and
+    /// [`RESERVE_GROUP`]) in one round trip, corrects the clock from the replies (and
+    /// keeps what they say for the plan), and returns each topic's jobs to deliver (expired ones set aside and
     /// unreadable series failed already).
     pub async fn reserve(
         &mut self,
@@ -77,7 +79,7 @@ impl Core<'_> {
             .collect())
     }
 
-    /// The plan and the clock corrected from `batches` (a reserve of `group` sent at
+    /// The clock corrected from `batches` (a reserve of `group` sent at
     /// `sent`), and each topic's jobs triaged.
     async fn take(
         &mut self,
@@ -100,7 +102,11 @@ impl Core<'_> {
             } else {
                 None
             };
-            self.plan.reserved(topic, batch.paused, next);
+            self.learned.replies.push(Reply {
+                topic: topic.clone(),
+                paused: batch.paused,
+                next_due: next,
+            });
             if !batch.corrupt.is_empty() {
                 dispatcher
                     .metrics
@@ -122,9 +128,9 @@ impl Core<'_> {
     /// running ends it.
     async fn pause_of(&mut self, topic: &Topic, batch: &Batch) -> Option<(i64, i64)> {
         if !batch.paused {
-            return self.plan.pause_before(topic, batch.now, batch.next_due);
+            return self.learned.pauses.before(topic, batch.now, batch.next_due);
         }
-        if self.plan.pause_is_new(topic) {
+        if self.learned.pauses.is_new(topic) {
             let since = match self.dispatcher.store.paused_at(topic).await {
                 Ok(since) => since,
                 Err(err) => {
@@ -134,7 +140,7 @@ impl Core<'_> {
             };
             // Later than the reply: resumed and paused again since, so the reply's time.
             let since = since.filter(|at| *at <= batch.now).unwrap_or(batch.now);
-            self.plan.pause_began(topic, since);
+            self.learned.pauses.began(topic, since);
         }
         None
     }
@@ -168,6 +174,68 @@ impl Core<'_> {
             }
         }
         deliver
+    }
+}
+
+/// What reserves learned that outlives the round: each reply's news of its topic, for
+/// the plan's next turn (`Plan::learn`), and each topic's last pause.
+#[derive(Debug, Default)]
+pub struct Learned {
+    pub(super) replies: Vec<Reply>,
+    pauses: Pauses,
+}
+
+/// What one reserve reply said of its topic.
+#[derive(Debug)]
+pub(super) struct Reply {
+    pub(super) topic: Topic,
+    pub(super) paused: bool,
+    /// Its next due time (a rate-limited topic's next token, if later).
+    pub(super) next_due: Option<i64>,
+}
+
+/// Each topic's last pause, recorded only while spans are exported (for their
+/// `redisched.paused_ms`); an ended one is kept while a job due during it waits.
+#[derive(Debug, Default)]
+struct Pauses(HashMap<Topic, Pause>);
+
+/// A topic's pause as this loop saw it, on the Redis clock (epoch ms): from the time
+/// `lua/pause.lua` wrote to the `now` of the first reserve reply that found the topic
+/// running again (`None` while it lasts, when the topic gives no jobs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pause {
+    since: i64,
+    until: Option<i64>,
+}
+
+impl Pauses {
+    /// Whether a reply that found `topic` paused starts a pause not recorded yet (then
+    /// read since when, for [`Pauses::began`]).
+    fn is_new(&self, topic: &Topic) -> bool {
+        self.0.get(topic).is_none_or(|pause| pause.until.is_some())
+    }
+
+    fn began(&mut self, topic: &Topic, since: i64) {
+        let pause = Pause { since, until: None };
+        self.0.insert(topic.clone(), pause);
+    }
+
+    /// A reply that found `topic` running at `now`, its earliest waiting job due at
+    /// `next_due`: ends the topic's pause if one lasts, and answers its last pause
+    /// (paused at, resumed at) for the jobs the reply took. Once no waiting job was due
+    /// before the resume, the pause is forgotten.
+    fn before(&mut self, topic: &Topic, now: i64, next_due: Option<i64>) -> Option<(i64, i64)> {
+        // The usual case, no topic paused: no lookup.
+        if self.0.is_empty() {
+            return None;
+        }
+        let pause = self.0.get_mut(topic)?;
+        let until = *pause.until.get_or_insert(now);
+        let ended = (pause.since, until);
+        if next_due.is_none_or(|due| due >= until) {
+            self.0.remove(topic);
+        }
+        Some(ended)
     }
 }
 
@@ -355,6 +423,48 @@ impl Reserved {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn topic(name: &str) -> Topic {
+        Topic::new(name).expect("a valid topic")
+    }
+
+    #[test]
+    fn a_pause_ends_at_the_first_reply_that_finds_the_topic_running() {
+        let mut pauses = Pauses::default();
+        assert_eq!(pauses.before(&topic("a"), 500, None), None, "none recorded");
+        assert!(pauses.is_new(&topic("a")));
+        pauses.began(&topic("a"), 1_000);
+        // Found paused again: the same pause, not read again.
+        assert!(!pauses.is_new(&topic("a")));
+        assert_eq!(
+            pauses.before(&topic("b"), 2_000, None),
+            None,
+            "another topic"
+        );
+        // Running at 3,000 with a job due at 1,500 still waiting: ended, and kept.
+        assert_eq!(
+            pauses.before(&topic("a"), 3_000, Some(1_500)),
+            Some((1_000, 3_000))
+        );
+        assert!(
+            pauses.is_new(&topic("a")),
+            "a reply found it paused again: a new one"
+        );
+        // Later replies keep its end; once nothing due before it waits, it is forgotten.
+        assert_eq!(
+            pauses.before(&topic("a"), 3_500, Some(3_000)),
+            Some((1_000, 3_000))
+        );
+        assert!(pauses.0.is_empty());
+        assert_eq!(pauses.before(&topic("a"), 4_000, Some(2_000)), None);
+        // Paused again: the new pause replaces the old one.
+        pauses.began(&topic("a"), 5_000);
+        assert_eq!(
+            pauses.before(&topic("a"), 6_000, None),
+            Some((5_000, 6_000))
+        );
+        assert!(pauses.0.is_empty());
+    }
 
     #[test]
     fn an_expired_ticket_carries_the_reason_as_its_note() {

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::plan::ServerClock;
+use super::clock::ServerClock;
 use super::reserve::{Reserved, Ticket};
 use crate::config::Config;
 use crate::feed::{Event, Feed};

@@ -1,8 +1,8 @@
 //! A target's HTTP client: the call (one POST of the request `delivery.rs` prepares, to
 //! the target's URL or the job's own one, checked again and connected to through the
 //! address guard of `resolve.rs`) and what its answer means ([`Delivered`], or a
-//! [`Failure`] with its metrics code, `last_error` text and `Retry-After`). It knows
-//! nothing of Redis or of dispatch.
+//! [`Failure`] with its metrics code, `last_error` text and `Retry-After`; and, for the
+//! target's breaker, an [`Outcome`]). It knows nothing of Redis or of dispatch.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -35,6 +35,31 @@ pub(super) struct Failure {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Delivered {
     pub(super) status: u16,
+}
+
+/// What one request to the target's own URL says of its health.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Outcome {
+    Ok,
+    /// A 5xx, a 429, a timeout, no connection.
+    Failed(String),
+    /// 410 Gone.
+    Gone(String),
+}
+
+/// What a request's result says of its target's health (the book's *Target health*
+/// defines it): any other answer is the target's own, healthy, reply.
+pub(super) fn judge(result: &Result<Delivered, Failure>) -> Outcome {
+    match result {
+        Ok(_) => Outcome::Ok,
+        Err(f) if f.status == Some(410) => Outcome::Gone(f.reason.clone()),
+        Err(f)
+            if f.status == Some(429) || matches!(f.code, "5xx" | "timeout" | "connect" | "tls") =>
+        {
+            Outcome::Failed(f.reason.clone())
+        }
+        Err(_) => Outcome::Ok,
+    }
 }
 
 /// `User-Agent` of every request: `redisched/<version>`.
@@ -355,6 +380,41 @@ fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn failure(code: &'static str, status: Option<u16>) -> Result<Delivered, Failure> {
+        Err(Failure {
+            code,
+            status,
+            reason: "r".into(),
+            retry_after: None,
+        })
+    }
+
+    #[test]
+    fn a_failure_is_a_5xx_a_429_a_timeout_or_no_connection() {
+        assert_eq!(judge(&Ok(Delivered { status: 200 })), Outcome::Ok);
+        for (code, status) in [
+            ("5xx", Some(503)),
+            ("4xx", Some(429)),
+            ("timeout", None),
+            ("connect", None),
+            ("tls", None),
+        ] {
+            assert!(
+                matches!(judge(&failure(code, status)), Outcome::Failed(_)),
+                "{code}"
+            );
+        }
+        assert!(matches!(
+            judge(&failure("4xx", Some(410))),
+            Outcome::Gone(_)
+        ));
+        assert_eq!(
+            judge(&failure("4xx", Some(404))),
+            Outcome::Ok,
+            "it answered"
+        );
+    }
 
     #[test]
     fn retry_after_reads_seconds_and_http_dates() {

@@ -2,8 +2,8 @@
 //! goes: prepare, the request a job becomes (its headers: the target's own, forwarded
 //! AMQP headers, the job's `x-redisched-*`, and the Standard Webhooks id, timestamp and
 //! signature, made here; its body: raw, or the original servers' JSON); call, the POST
-//! (`client.rs`); handle, its outcome told to the target's breaker and to the settle
-//! module: a 2xx released in a batch with others ([`Releases`]), a refused job URL
+//! (`client.rs`); handle, its outcome told to the settle module and, in an [`Ended`]
+//! message, to the target's gate (which takes it in at the next round or sync): a 2xx released in a batch with others ([`Releases`]), a refused job URL
 //! parked, any other failure handed back after its backoff (or `Retry-After`, if later).
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -16,11 +16,11 @@ use lapin::protocol::basic::AMQPProperties;
 use lapin::types::AMQPValue;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use sha2::{Digest, Sha256};
+use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tracing::Span;
 
-use super::client::{Client, Delivered, Failure};
-use super::gate::{judge, Health};
+use super::client::{judge, Client, Delivered, Failure, Outcome};
 use crate::dispatch::reserve::{Reserved, Ticket};
 use crate::dispatch::settle::Settler;
 use crate::job::headers;
@@ -57,11 +57,73 @@ pub(super) struct Delivery {
     /// Signalled when the request ends and frees its slot.
     pub(super) room: Arc<Notify>,
     pub(super) releases: Arc<Releases>,
-    pub(super) health: Arc<Health>,
-    /// The target's index in the sink, for its health.
+    /// What the request tells its target's gate when it ends.
+    pub(super) report: Report,
+}
+
+/// What a request's end tells its target's gate (`gate.rs` takes it in): the outcome
+/// for the breaker, the end of a retry for the lane.
+#[derive(Debug)]
+pub(super) struct Ended {
+    /// The target's index in the sink.
     pub(super) index: usize,
     /// The half-open target's one probe request.
     pub(super) probe: bool,
+    /// A retry, counted in flight by the lane.
+    pub(super) retry: bool,
+    /// What the target's own URL said (`None`: a job's own URL, or no request made).
+    pub(super) outcome: Option<Outcome>,
+}
+
+impl Ended {
+    /// Whether the breaker's sync should hear of it at once: a failure, a 410, a
+    /// probe's answer (a success while closed waits for the next sync).
+    fn urgent(&self) -> bool {
+        match &self.outcome {
+            None => false,
+            Some(Outcome::Ok) => self.probe,
+            Some(_) => true,
+        }
+    }
+}
+
+/// Sends its [`Ended`] once, when dropped: as the request's slot frees, or as its task
+/// unwinds (a retry is never left counted in flight).
+#[derive(Debug)]
+pub(super) struct Report {
+    ended: Option<Ended>,
+    to: UnboundedSender<Ended>,
+    /// The breaker's sync task, woken by an urgent outcome.
+    wake: Arc<Notify>,
+}
+
+impl Report {
+    pub(super) fn new(ended: Ended, to: UnboundedSender<Ended>, wake: Arc<Notify>) -> Self {
+        Self {
+            ended: Some(ended),
+            to,
+            wake,
+        }
+    }
+
+    fn outcome(&mut self, outcome: Outcome) {
+        if let Some(ended) = &mut self.ended {
+            ended.outcome = Some(outcome);
+        }
+    }
+}
+
+impl Drop for Report {
+    fn drop(&mut self) {
+        let Some(ended) = self.ended.take() else {
+            return;
+        };
+        let urgent = ended.urgent();
+        // Refused only once the gates are gone with the sink: no one left to tell.
+        if self.to.send(ended).is_ok() && urgent {
+            self.wake.notify_one();
+        }
+    }
 }
 
 impl Delivery {
@@ -75,9 +137,7 @@ impl Delivery {
             settler,
             room,
             releases,
-            health,
-            index,
-            probe,
+            mut report,
         } = self;
         let props = reserved.take_properties();
         let via = Via::Webhook {
@@ -101,10 +161,9 @@ impl Delivery {
         let (headers, request_body) = prepare(&client, &outgoing);
         meter.started();
         let (result, took, to_target) = client.post(&props, headers, request_body).await;
-        // Only the target's own URL tells of its health (before the slot frees, so the
-        // next round sees a failure).
+        // Only the target's own URL tells of its health.
         if to_target {
-            health.outcome(index, probe, judge(&result));
+            report.outcome(judge(&result));
         }
         record_answer(&span, &result);
         drop(span);
@@ -123,8 +182,10 @@ impl Delivery {
                 None
             }
         };
-        // The request is over (a failure's retry recorded): its slot serves the next
-        // job, while a delivered one waits for its release.
+        // The request is over (a failure's retry recorded): its gate hears first, so
+        // the round its slot wakes sees the outcome; the slot serves the next job,
+        // while a delivered one waits for its release.
+        drop(report);
         drop(slot);
         room.notify_one();
         if let Some(ticket) = delivered {

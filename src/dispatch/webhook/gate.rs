@@ -1,8 +1,10 @@
-//! What the round may reserve for a target now: as much as its breaker allows
-//! ([`Health::allow`]: its free slots, one probe job, or nothing) and, of retries
-//! (attempt > 1), no more than its retry lane's cap ([`Lanes::cap`]). The round asks
-//! both before it reserves; a request's task tells both when it ends (its outcome, the
-//! end of its retry).
+//! The round's reserve for the targets ([`Gates::reserve`]): for each target as much
+//! as its breaker allows (its free slots, one probe job, or nothing) and, of retries
+//! (attempt > 1), no more than its retry lane's cap ([`Lanes::cap`]); reserved, and
+//! handed back to the round as [`Handout`]s to send. A request's task tells its gate
+//! when it ends, in an `Ended` message (its outcome, the end of its retry) that the
+//! gate takes in at the next round or sync ([`Gates::absorb`]): the gate's state
+//! changes only here, and a job's path enters this file once.
 //!
 //! **The breaker.** Each target's health as this bridge sees it, kept in step with the
 //! breaker every bridge shares in Redis (`Store::target_health`, policy in
@@ -10,8 +12,8 @@
 //! one not at all (its jobs stay scheduled and spend no attempt); a half-open one for
 //! exactly one job, the probe, once this bridge's sync claimed it in the script (so one
 //! probe at a time across all bridges). A request to the target's own URL reports its
-//! outcome ([`Health::outcome`]); outcomes are counted here and sent in one `sync` call
-//! per target by [`Health::run`]'s task about once a second, at once when a failure, a
+//! outcome; outcomes are counted here ([`record`]) and sent in one `sync` call per
+//! target by [`Gates::run`]'s task about once a second, at once when a failure, a
 //! probe's outcome or a 410 is pending (the round syncs a target with pending failures
 //! itself before reserving for it, so the breaker opens within `min_requests`), every
 //! 100 ms while the target is held. A success while closed costs no round trip. The
@@ -42,8 +44,8 @@
 //! them (a bounded scan: `limit` + 1000 due jobs at most). A topic whose capped reserve
 //! took nothing but held retries waits ([`Lanes::block`]) until a retry of the target
 //! ends, rather than being scanned again each round. The count of retries in flight is
-//! per bridge, like `max_in_flight`; a [`RetryGuard`] holds one for the request's whole
-//! task. A target of `retry_share = 1` (or whose retry slots left cover its free slots)
+//! per bridge, like `max_in_flight`: a retry counts from its hand-out until its
+//! request's `Ended` is taken in (sent as its slot frees, or as its task unwinds). A target of `retry_share = 1` (or whose retry slots left cover its free slots)
 //! is reserved without a cap, the same call as before lanes.
 
 use std::collections::{HashMap, HashSet};
@@ -51,10 +53,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::client::{Delivered, Failure};
+use super::client::Outcome;
+use super::delivery::Ended;
+use crate::dispatch::reserve::{Reserved, RESERVE_GROUP};
+use crate::dispatch::sink::RoundError;
+use crate::dispatch::Core;
 use crate::events::EventSender;
 use crate::job::Topic;
 use crate::metrics::Metrics;
@@ -80,30 +87,6 @@ pub(super) enum Allow {
     Nothing,
 }
 
-/// What one request to the target's own URL says of its health.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Outcome {
-    Ok,
-    /// A 5xx, a 429, a timeout, no connection.
-    Failed(String),
-    /// 410 Gone.
-    Gone(String),
-}
-
-/// What a request's result says (the book's *Target health* defines it).
-pub(super) fn judge(result: &Result<Delivered, Failure>) -> Outcome {
-    match result {
-        Ok(_) => Outcome::Ok,
-        Err(f) if f.status == Some(410) => Outcome::Gone(f.reason.clone()),
-        Err(f)
-            if f.status == Some(429) || matches!(f.code, "5xx" | "timeout" | "connect" | "tls") =>
-        {
-            Outcome::Failed(f.reason.clone())
-        }
-        Err(_) => Outcome::Ok,
-    }
-}
-
 #[derive(Debug)]
 struct Local {
     state: State,
@@ -120,13 +103,14 @@ struct Local {
     deciding: bool,
 }
 
-/// One target's breaker, as this bridge holds it.
+/// One target's gate: its breaker, as this bridge holds it, and its retry lane.
 #[derive(Debug)]
 struct Gate {
     name: String,
     breaker: BreakerConfig,
     lease_ms: u64,
     local: Mutex<Local>,
+    lanes: Lanes,
 }
 
 impl Gate {
@@ -135,22 +119,59 @@ impl Gate {
     }
 }
 
-/// Every target's health, by the sink's target index.
+/// Every target's gate, by the sink's target index.
 #[derive(Debug)]
-pub(super) struct Health {
+pub(super) struct Gates {
     gates: Vec<Gate>,
-    /// Wakes the sync task (an outcome to send).
-    wake: Notify,
+    /// What ended requests tell (`delivery.rs`), taken in by [`Gates::absorb`].
+    ended: Mutex<UnboundedReceiver<Ended>>,
+    /// Wakes the sync task (an outcome to send; a request's task signals it).
+    wake: Arc<Notify>,
     /// The dispatch loop's: signalled when a held target may be served again.
     room: Arc<Notify>,
     events: Option<EventSender>,
     started: AtomicBool,
 }
 
-impl Health {
+/// What the round took for the targets: each job to send with what its request's
+/// task tells when it ends, and the due topics left waiting (for a slot, the breaker or
+/// the retry lane).
+#[derive(Debug, Default)]
+pub(super) struct Taken {
+    pub(super) jobs: Vec<Handout>,
+    pub(super) waiting: HashSet<Topic>,
+    /// Some target could be served (else the loop naps until room frees).
+    pub(super) served: bool,
+}
+
+/// A reserved job for target `index`, counted by its gate until its [`Ended`] comes.
+#[derive(Debug)]
+pub(super) struct Handout {
+    pub(super) index: usize,
+    pub(super) reserved: Reserved,
+    /// The half-open target's probe.
+    pub(super) probe: bool,
+    /// Counted as a retry in flight by the lane.
+    pub(super) retry: bool,
+}
+
+/// The round's due topics by target, each target's list cut to its room.
+#[derive(Debug, Default)]
+struct Split {
+    hooks: Vec<(usize, Vec<Topic>)>,
+    full: HashSet<Topic>,
+    /// Targets with a due topic left out for want of a slot.
+    crowded: HashSet<usize>,
+}
+
+impl Gates {
+    /// `room`: the round's, signalled when a held target may be served again; `wake`
+    /// and `ended`: what each request's task signals and sends when it ends.
     pub(super) fn new(
         targets: &[TargetConfig],
         room: Arc<Notify>,
+        wake: Arc<Notify>,
+        ended: UnboundedReceiver<Ended>,
         events: Option<EventSender>,
     ) -> Self {
         let gates = targets
@@ -169,11 +190,13 @@ impl Health {
                     last_sync: None,
                     deciding: false,
                 }),
+                lanes: Lanes::new(t.max_in_flight, t.retry_share),
             })
             .collect();
         Self {
             gates,
-            wake: Notify::new(),
+            ended: Mutex::new(ended),
+            wake,
             room,
             events,
             started: AtomicBool::new(false),
@@ -181,7 +204,7 @@ impl Health {
     }
 
     /// What the round may reserve for target `index`.
-    pub(super) fn allow(&self, index: usize) -> Allow {
+    fn allow(&self, index: usize) -> Allow {
         let Some(gate) = self.gates.get(index) else {
             return Allow::Nothing;
         };
@@ -198,55 +221,31 @@ impl Health {
     }
 
     /// The probe's job was reserved and is being sent: no second one.
-    pub(super) fn probe_sent(&self, index: usize) {
+    fn probe_sent(&self, index: usize) {
         if let Some(gate) = self.gates.get(index) {
             gate.lock().claimed = false;
         }
     }
 
-    /// A request to target `index`'s own URL ended (`probe`: it was the probe).
-    pub(super) fn outcome(&self, index: usize, probe: bool, outcome: Outcome) {
-        let Some(gate) = self.gates.get(index) else {
-            return;
-        };
-        let mut local = gate.lock();
-        let urgent = match (outcome, probe) {
-            (Outcome::Gone(reason), _) => {
-                local.ops.push(HealthOp::Gone { reason });
-                true
+    /// Takes in what the requests that ended since told: each one's outcome for its
+    /// target's breaker, each retry's end for its lane.
+    fn absorb(&self) {
+        let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        while let Ok(end) = ended.try_recv() {
+            let Some(gate) = self.gates.get(end.index) else {
+                continue;
+            };
+            if end.retry {
+                gate.lanes.end();
             }
-            (Outcome::Ok, true) => {
-                local.ops.push(HealthOp::Probe {
-                    ok: true,
-                    reason: String::new(),
-                });
-                true
+            if let Some(outcome) = end.outcome {
+                record(&mut gate.lock(), end.probe, outcome);
             }
-            (Outcome::Failed(reason), true) => {
-                local.ops.push(HealthOp::Probe {
-                    ok: false,
-                    reason: format!("the probe request failed: {reason}"),
-                });
-                true
-            }
-            (Outcome::Ok, false) => {
-                local.successes += 1;
-                false
-            }
-            (Outcome::Failed(reason), false) => {
-                local.failures += 1;
-                local.last_failure = reason;
-                true
-            }
-        };
-        drop(local);
-        if urgent {
-            self.wake.notify_one();
         }
     }
 
     /// Whether target `index` has failures or other outcomes not yet sent.
-    pub(super) fn pending(&self, index: usize) -> bool {
+    fn pending(&self, index: usize) -> bool {
         self.gates.get(index).is_some_and(|g| {
             let local = g.lock();
             local.failures > 0 || !local.ops.is_empty()
@@ -254,7 +253,7 @@ impl Health {
     }
 
     /// Starts the sync task once (at the first round: it needs the store).
-    pub(super) fn start(
+    fn start(
         self: &Arc<Self>,
         store: &Store,
         metrics: &Arc<Metrics>,
@@ -281,6 +280,7 @@ impl Health {
         shutdown: CancellationToken,
     ) {
         loop {
+            self.absorb();
             for index in 0..self.gates.len() {
                 if self.due(index) {
                     self.sync(index, &store, &metrics).await;
@@ -311,7 +311,7 @@ impl Health {
 
     /// Sends target `index`'s pending outcomes (and asks for the probe if it is held),
     /// then takes the answer: its state, and the changes to announce.
-    pub(super) async fn sync(&self, index: usize, store: &Store, metrics: &Metrics) {
+    async fn sync(&self, index: usize, store: &Store, metrics: &Metrics) {
         let Some(gate) = self.gates.get(index) else {
             return;
         };
@@ -340,7 +340,7 @@ impl Health {
                 .target_health(&gate.name, &gate.breaker, op.clone())
                 .await
             {
-                Ok(answer) => self.take(gate, answer, metrics),
+                Ok(answer) => self.take_answer(gate, answer, metrics),
                 Err(err) => {
                     tracing::warn!(target = %gate.name, error = %err, "cannot sync the target's health with Redis; retried");
                     // Counts go back, to be sent with the next sync.
@@ -363,7 +363,7 @@ impl Health {
         }
     }
 
-    fn take(&self, gate: &Gate, answer: TargetHealth, metrics: &Metrics) {
+    fn take_answer(&self, gate: &Gate, answer: TargetHealth, metrics: &Metrics) {
         let names = State::ALL.map(State::as_str);
         metrics
             .webhooks
@@ -385,6 +385,201 @@ impl Health {
         drop(local);
         if was_held && may_send {
             self.room.notify_one();
+        }
+    }
+}
+
+// The round's reserve: what each target may take now, taken.
+
+impl Gates {
+    /// Reserves for the round's `due` topics (each with its target's index) what each
+    /// target may take now: its breaker's allow and its retry lane's cap within its
+    /// free slots (`rooms`, by index). First takes in what ended requests told, and
+    /// syncs a target with failures not yet counted in Redis (they may open its
+    /// breaker) before reserving for it.
+    pub(super) async fn reserve(
+        self: &Arc<Self>,
+        due: Vec<(usize, Topic)>,
+        rooms: &[usize],
+        core: &mut Core<'_>,
+    ) -> Result<Taken, RoundError> {
+        let settler = core.settler().clone();
+        self.start(&settler.store, &settler.metrics, core.shutdown());
+        self.absorb();
+        for index in 0..self.gates.len() {
+            if self.pending(index) {
+                self.sync(index, &settler.store, &settler.metrics).await;
+            }
+        }
+        let room = |index: usize| rooms.get(index).copied().unwrap_or(0);
+        let Split {
+            hooks,
+            full,
+            crowded,
+        } = self.split(due, room);
+        let mut taken = Taken {
+            served: !hooks.is_empty(),
+            waiting: full,
+            jobs: Vec::new(),
+        };
+        for (index, topics) in hooks {
+            match self.allow(index) {
+                Allow::All if room(index) > 0 => {
+                    let every_topic = !crowded.contains(&index);
+                    let jobs = self.serve(index, &topics, room(index), every_topic, core);
+                    taken.jobs.extend(jobs.await?);
+                }
+                Allow::Probe if room(index) > 0 => {
+                    taken.jobs.extend(self.probe(index, &topics, core).await?);
+                }
+                _ => {}
+            }
+        }
+        Ok(taken)
+    }
+
+    /// Groups due topics by target, each target's list cut to its room (as its breaker
+    /// allows); also returns the topics left out for want of a slot (served again once
+    /// a request ends) or held by the retry lane (once a retry ends).
+    fn split(&self, due: Vec<(usize, Topic)>, room: impl Fn(usize) -> usize) -> Split {
+        let mut split = Split::default();
+        for (index, topic) in due {
+            let Some(gate) = self.gates.get(index) else {
+                continue;
+            };
+            if gate.lanes.blocked(&topic) {
+                split.full.insert(topic);
+                continue;
+            }
+            let room = match self.allow(index) {
+                Allow::All => room(index),
+                Allow::Probe => room(index).min(1),
+                Allow::Nothing => 0,
+            };
+            match split.hooks.iter_mut().find(|(i, _)| *i == index) {
+                Some((_, topics)) if topics.len() < room => topics.push(topic),
+                None if room > 0 => split.hooks.push((index, vec![topic])),
+                _ => {
+                    split.crowded.insert(index);
+                    split.full.insert(topic);
+                }
+            }
+        }
+        split
+    }
+
+    /// Reserves for target `index`'s due `topics` at most `room` jobs, retries
+    /// (attempt > 1) at most the target's retry slots left: the script skips the
+    /// retries past that cap to reach the first attempts behind them. A topic that gave
+    /// nothing but held retries waits until a retry of the target ends rather than
+    /// being scanned again each round. What the reserves saw tells the lane whether
+    /// first attempts back up (`every_topic`: no due topic of the target was left out
+    /// of this round).
+    async fn serve(
+        &self,
+        index: usize,
+        topics: &[Topic],
+        room: usize,
+        every_topic: bool,
+        core: &mut Core<'_>,
+    ) -> Result<Vec<Handout>, RoundError> {
+        let Some(lanes) = self.gates.get(index).map(|g| &g.lanes) else {
+            return Ok(Vec::new());
+        };
+        let each = (room / topics.len().max(1)).clamp(1, core.batch());
+        let mut handouts = Vec::new();
+        let mut backed_up = false;
+        let Some(cap) = lanes.cap(room) else {
+            for group in topics.chunks(RESERVE_GROUP) {
+                for (_, jobs) in core.reserve(group, each).await? {
+                    backed_up |= full_of_firsts(&jobs, each);
+                    handouts.extend(hand_out(lanes, index, jobs));
+                }
+            }
+            lanes.saw(backed_up, every_topic);
+            return Ok(handouts);
+        };
+        let topics = lanes.retries_first(topics);
+        let caps = split(cap, topics.len());
+        for (group, caps) in topics.chunks(RESERVE_GROUP).zip(caps.chunks(RESERVE_GROUP)) {
+            let ended = lanes.ended();
+            let mut waiting = Vec::new();
+            for (topic, jobs, held) in core.reserve_capped(group, each, caps).await? {
+                let met = held.retries > 0 || jobs.iter().any(|r| r.job.attempt > 1);
+                lanes.met_retries(&topic, met);
+                if held.retries > 0 && jobs.is_empty() {
+                    waiting.push(topic);
+                }
+                backed_up |= full_of_firsts(&jobs, each);
+                handouts.extend(hand_out(lanes, index, jobs));
+            }
+            // After the hand-out: a retry just counted is one that will end.
+            for topic in waiting {
+                lanes.block(topic, ended);
+            }
+        }
+        lanes.saw(backed_up, every_topic);
+        Ok(handouts)
+    }
+
+    /// Reserves the half-open target's one probe job (the first due topic that has
+    /// one).
+    async fn probe(
+        &self,
+        index: usize,
+        topics: &[Topic],
+        core: &mut Core<'_>,
+    ) -> Result<Option<Handout>, RoundError> {
+        let Some(gate) = self.gates.get(index) else {
+            return Ok(None);
+        };
+        for topic in topics {
+            let reserved = core.reserve(std::slice::from_ref(topic), 1).await?;
+            if let Some(job) = reserved.into_iter().flat_map(|(_, jobs)| jobs).next() {
+                self.probe_sent(index);
+                let mut handout = hand_out(&gate.lanes, index, vec![job]);
+                return Ok(handout.pop().map(|h| Handout { probe: true, ..h }));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// `jobs` of target `index`, each retry counted in flight by `lanes`.
+fn hand_out(lanes: &Lanes, index: usize, jobs: Vec<Reserved>) -> Vec<Handout> {
+    jobs.into_iter()
+        .map(|reserved| Handout {
+            index,
+            retry: lanes.started(reserved.job.attempt),
+            reserved,
+            probe: false,
+        })
+        .collect()
+}
+
+/// A topic's reserve came back full (`each` jobs) with first attempts in it: more may
+/// be due behind them.
+fn full_of_firsts(jobs: &[Reserved], each: usize) -> bool {
+    jobs.len() >= each && jobs.iter().any(|r| r.job.attempt <= 1)
+}
+
+/// One request's outcome in its target's breaker: a success while closed is only
+/// counted; failures, probe outcomes and 410s are sent at the next sync.
+fn record(local: &mut Local, probe: bool, outcome: Outcome) {
+    match (outcome, probe) {
+        (Outcome::Gone(reason), _) => local.ops.push(HealthOp::Gone { reason }),
+        (Outcome::Ok, true) => local.ops.push(HealthOp::Probe {
+            ok: true,
+            reason: String::new(),
+        }),
+        (Outcome::Failed(reason), true) => local.ops.push(HealthOp::Probe {
+            ok: false,
+            reason: format!("the probe request failed: {reason}"),
+        }),
+        (Outcome::Ok, false) => local.successes += 1,
+        (Outcome::Failed(reason), false) => {
+            local.failures += 1;
+            local.last_failure = reason;
         }
     }
 }
@@ -418,7 +613,10 @@ pub(super) struct Lanes {
     /// retries hold.
     share: usize,
     max_in_flight: usize,
-    counts: Arc<Counts>,
+    /// Retries in flight (counted when handed out, until their [`Ended`] is taken in).
+    in_flight: AtomicUsize,
+    /// Retries ended so far.
+    ended: AtomicU64,
     /// Topics whose capped reserve held retries and took nothing, with the count of
     /// retries ended then: skipped until another retry ends.
     blocked: Mutex<HashMap<Topic, u64>>,
@@ -426,23 +624,6 @@ pub(super) struct Lanes {
     with_retries: Mutex<HashSet<Topic>>,
     /// First attempts back up (see the module's doc): retries get one slot.
     backed_up: AtomicBool,
-}
-
-#[derive(Debug, Default)]
-struct Counts {
-    in_flight: AtomicUsize,
-    ended: AtomicU64,
-}
-
-/// Counts one retry in flight until dropped (its request's task ended).
-#[derive(Debug)]
-pub(super) struct RetryGuard(Arc<Counts>);
-
-impl Drop for RetryGuard {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.0.ended.fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 /// The retry slots of a target: `retry_share` of `max_in_flight`, rounded down, but at
@@ -472,7 +653,8 @@ impl Lanes {
         Self {
             share: share_slots(max_in_flight, retry_share),
             max_in_flight,
-            counts: Arc::default(),
+            in_flight: AtomicUsize::new(0),
+            ended: AtomicU64::new(0),
             blocked: Mutex::default(),
             with_retries: Mutex::default(),
             backed_up: AtomicBool::new(false),
@@ -481,7 +663,7 @@ impl Lanes {
 
     /// Retries of this target in flight now (this bridge).
     pub(super) fn in_flight(&self) -> usize {
-        self.counts.in_flight.load(Ordering::Relaxed)
+        self.in_flight.load(Ordering::Relaxed)
     }
 
     /// The retries a reserve for `room` free slots may take, or `None` when that cap
@@ -519,19 +701,29 @@ impl Lanes {
         }
     }
 
-    /// Counts a job of `attempt` as a retry in flight, if it is one, until the guard
-    /// is dropped.
-    pub(super) fn start(&self, attempt: u32) -> Option<RetryGuard> {
-        (attempt > 1).then(|| {
-            self.counts.in_flight.fetch_add(1, Ordering::Relaxed);
-            RetryGuard(self.counts.clone())
-        })
+    /// Counts a job of `attempt` as a retry in flight, if it is one (then `true`),
+    /// until [`Lanes::end`].
+    pub(super) fn started(&self, attempt: u32) -> bool {
+        let retry = attempt > 1;
+        if retry {
+            self.in_flight.fetch_add(1, Ordering::Relaxed);
+        }
+        retry
+    }
+
+    /// A retry's request ended.
+    pub(super) fn end(&self) {
+        // Never below zero: an end is only sent for a start.
+        self.in_flight
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .ok();
+        self.ended.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The count of retries ended so far, read before a capped reserve for
     /// [`Lanes::block`].
     pub(super) fn ended(&self) -> u64 {
-        self.counts.ended.load(Ordering::Relaxed)
+        self.ended.load(Ordering::Relaxed)
     }
 
     /// `topic`'s reserve held retries and took nothing: skip it until a retry ends
@@ -575,7 +767,7 @@ impl Lanes {
     pub(super) fn blocked(&self, topic: &Topic) -> bool {
         let mut blocked = self.lock();
         match blocked.get(topic) {
-            Some(at) if *at == self.counts.ended.load(Ordering::Relaxed) => true,
+            Some(at) if *at == self.ended.load(Ordering::Relaxed) => true,
             Some(_) => {
                 blocked.remove(topic);
                 false
@@ -592,43 +784,15 @@ impl Lanes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::sync::mpsc::{self, UnboundedSender};
+
+    fn gates(targets: &[TargetConfig]) -> (Gates, UnboundedSender<Ended>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let notify = || Arc::new(Notify::new());
+        (Gates::new(targets, notify(), notify(), rx, None), tx)
+    }
 
     // The breaker.
-
-    fn failure(code: &'static str, status: Option<u16>) -> Result<Delivered, Failure> {
-        Err(Failure {
-            code,
-            status,
-            reason: "r".into(),
-            retry_after: None,
-        })
-    }
-
-    #[test]
-    fn a_failure_is_a_5xx_a_429_a_timeout_or_no_connection() {
-        assert_eq!(judge(&Ok(Delivered { status: 200 })), Outcome::Ok);
-        for (code, status) in [
-            ("5xx", Some(503)),
-            ("4xx", Some(429)),
-            ("timeout", None),
-            ("connect", None),
-            ("tls", None),
-        ] {
-            assert!(
-                matches!(judge(&failure(code, status)), Outcome::Failed(_)),
-                "{code}"
-            );
-        }
-        assert!(matches!(
-            judge(&failure("4xx", Some(410))),
-            Outcome::Gone(_)
-        ));
-        assert_eq!(
-            judge(&failure("4xx", Some(404))),
-            Outcome::Ok,
-            "it answered"
-        );
-    }
 
     #[test]
     fn a_held_target_is_not_served_and_a_claimed_probe_is_one_job() {
@@ -636,7 +800,7 @@ mod tests {
             name: "t".into(),
             ..TargetConfig::default()
         };
-        let health = Health::new(&[target], Arc::new(Notify::new()), None);
+        let (health, ended) = gates(&[target]);
         assert_eq!(health.allow(0), Allow::All);
         health.gates[0].lock().state = State::Open;
         assert_eq!(health.allow(0), Allow::Nothing);
@@ -648,7 +812,16 @@ mod tests {
         assert_eq!(health.allow(0), Allow::Probe);
         health.probe_sent(0);
         assert_eq!(health.allow(0), Allow::Nothing);
-        health.outcome(0, false, Outcome::Failed("x".into()));
+        assert!(!health.pending(0));
+        let failed = Ended {
+            index: 0,
+            probe: false,
+            retry: false,
+            outcome: Some(Outcome::Failed("x".into())),
+        };
+        ended.send(failed).expect("the gates hold the receiver");
+        assert!(!health.pending(0), "not taken in yet");
+        health.absorb();
         assert!(health.pending(0));
         assert_eq!(health.allow(9), Allow::Nothing);
     }
@@ -673,19 +846,26 @@ mod tests {
             "an idle target too: 4 of 8 for retries"
         );
         assert_eq!(lanes.cap(4), None, "4 free slots: a cap of 4 cannot bind");
-        let guards: Vec<_> = (0..3).filter_map(|_| lanes.start(2)).collect();
-        assert!(lanes.start(1).is_none(), "a first attempt is not counted");
+        for _ in 0..3 {
+            assert!(lanes.started(2));
+        }
+        assert!(!lanes.started(1), "a first attempt is not counted");
         assert_eq!(lanes.in_flight(), 3);
         assert_eq!(lanes.cap(5), Some(1));
-        let more: Vec<_> = (0..3).filter_map(|_| lanes.start(7)).collect();
+        for _ in 0..3 {
+            lanes.started(7);
+        }
         assert_eq!(
             lanes.cap(2),
             Some(0),
             "at the share or over it: no more retries"
         );
-        drop(more);
-        drop(guards);
+        for _ in 0..6 {
+            lanes.end();
+        }
         assert_eq!(lanes.in_flight(), 0);
+        lanes.end();
+        assert_eq!(lanes.in_flight(), 0, "never below zero");
         assert_eq!(Lanes::new(8, 1.0).cap(8), None, "share 1: never capped");
     }
 
@@ -695,7 +875,7 @@ mod tests {
         lanes.saw(true, false);
         assert!(lanes.backed_up());
         assert_eq!(lanes.cap(8), Some(1), "one slot for retries, 7 for firsts");
-        let guard = lanes.start(2);
+        lanes.started(2);
         assert_eq!(lanes.cap(8), Some(0), "that slot taken: no more retries");
         lanes.saw(false, false);
         assert!(
@@ -709,7 +889,6 @@ mod tests {
             Some(3),
             "the share again: 4, less 1 in flight"
         );
-        drop(guard);
         let off = Lanes::new(8, 1.0);
         off.saw(true, true);
         assert_eq!(off.cap(8), None, "share 1 (lanes off): never capped");
@@ -731,11 +910,11 @@ mod tests {
     fn a_blocked_topic_waits_until_a_retry_ends() {
         let lanes = Lanes::new(4, 0.5);
         let topic = Topic::new("t").expect("a topic");
-        let guard = lanes.start(2);
+        lanes.started(2);
         lanes.block(topic.clone(), lanes.ended());
         assert!(lanes.blocked(&topic));
         assert!(lanes.blocked(&topic), "still: no retry ended");
-        drop(guard);
+        lanes.end();
         assert!(!lanes.blocked(&topic), "a retry ended: look again");
         assert!(!lanes.blocked(&topic));
     }
@@ -782,9 +961,9 @@ mod tests {
     fn a_retry_that_ended_during_the_reserve_does_not_leave_the_topic_blocked() {
         let lanes = Lanes::new(1, 0.5);
         let topic = Topic::new("t").expect("a topic");
-        let guard = lanes.start(2);
+        lanes.started(2);
         let before = lanes.ended();
-        drop(guard); // the only retry in flight ends while the capped reserve runs
+        lanes.end(); // the only retry in flight ends while the capped reserve runs
         lanes.block(topic.clone(), before);
         assert!(
             !lanes.blocked(&topic),

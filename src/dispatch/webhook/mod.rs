@@ -6,13 +6,14 @@
 //! recorded); a delivered job's release is batched with others'. Its loop runs for the
 //! whole process and needs no broker.
 //!
-//! By role: here the targets, their slots and the round; `gate.rs` what the round may
-//! reserve for a target now: its breaker's allow (a held target's topics are not
+//! By role: here the targets, their slots and the round (which target each due topic
+//! goes to, the free slots; then each job reserved sent); `gate.rs` the round's reserve,
+//! what a target may take now: its breaker's allow (a held target's topics are not
 //! reserved at all; a half-open one gets its one probe job) and its retry lane's cap
 //! (retries hold at most `retry_share` of the slots, one while first attempts back up;
 //! first attempts may use every slot); `delivery.rs` one request's task (prepare: the
-//! request a job becomes, and its Standard Webhooks signature; call; handle) and the
-//! batched releases; `client.rs` a target's HTTP client and what an answer means, with
+//! request a job becomes, and its Standard Webhooks signature; call; handle; and what
+//! its end tells the gate) and the batched releases; `client.rs` a target's HTTP client and what an answer means, with
 //! `resolve.rs` the address guard under the client of jobs' own URLs.
 
 mod client;
@@ -20,21 +21,20 @@ mod delivery;
 mod gate;
 mod resolve;
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
+use tokio::sync::mpsc::{self, UnboundedSender};
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::task::TaskTracker;
 
 use client::Client;
 pub use delivery::FORWARDED_PREFIX;
-use delivery::{Delivery, Releases};
-use gate::{Allow, Health, Lanes};
+use delivery::{Delivery, Ended, Releases, Report};
+use gate::{Gates, Handout};
 
-use super::reserve::{Reserved, RESERVE_GROUP};
 use super::settle::Settler;
 use super::sink::{Round, RoundError, Sink};
 use super::Core;
@@ -52,17 +52,6 @@ struct Target {
     meter: OnceLock<Arc<TargetMeter>>,
     /// When a request of it last started, in µs since [`WebhookSinks::epoch`].
     last_send_us: AtomicU64,
-    /// Its retries in flight and their cap.
-    lanes: Lanes,
-}
-
-/// A round's due topics by target (see [`WebhookSinks::split_by_target`]).
-#[derive(Debug, Default)]
-struct Split {
-    hooks: Vec<(usize, Vec<Topic>)>,
-    full: HashSet<Topic>,
-    /// Targets with a due topic left out for want of a slot.
-    crowded: HashSet<usize>,
 }
 
 /// Every configured target.
@@ -74,7 +63,11 @@ pub struct WebhookSinks {
     releases: Arc<Releases>,
     tasks: TaskTracker,
     epoch: Instant,
-    health: Arc<Health>,
+    /// What each target may take now (`gate.rs`).
+    gates: Arc<Gates>,
+    /// Where each request's task tells its gate it ended, and what it wakes then.
+    ended: UnboundedSender<Ended>,
+    wake: Arc<Notify>,
 }
 
 /// How long a busy target's few free slots wait for more to free before they are
@@ -101,14 +94,23 @@ impl WebhookSinks {
                     client: Arc::new(Client::new(t.clone())?),
                     meter: OnceLock::new(),
                     last_send_us: AtomicU64::new(0),
-                    lanes: Lanes::new(t.max_in_flight, t.retry_share),
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
-        let room = Arc::new(Notify::new());
+        let (room, wake) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let (ended, ended_rx) = mpsc::unbounded_channel();
+        let gates = Gates::new(
+            &config.targets,
+            room.clone(),
+            wake.clone(),
+            ended_rx,
+            events,
+        );
         Ok(Self {
             targets,
-            health: Arc::new(Health::new(&config.targets, room.clone(), events)),
+            gates: Arc::new(gates),
+            ended,
+            wake,
             room,
             releases: Arc::default(),
             tasks: TaskTracker::new(),
@@ -121,36 +123,6 @@ impl WebhookSinks {
         self.targets
             .iter()
             .position(|t| t.client.target.serves(topic.as_str()))
-    }
-
-    /// Groups due topics by target, each target's list cut to its free slots; also
-    /// returns the topics left out for want of a slot (served again once a request
-    /// ends) or held by the retry lane (once a retry ends).
-    fn split_by_target(&self, due: Vec<Topic>) -> Split {
-        let mut split = Split::default();
-        for topic in due {
-            let Some(index) = self.target_of(&topic) else {
-                continue;
-            };
-            if self.targets[index].lanes.blocked(&topic) {
-                split.full.insert(topic);
-                continue;
-            }
-            let room = match self.health.allow(index) {
-                Allow::All => self.room(index),
-                Allow::Probe => self.room(index).min(1),
-                Allow::Nothing => 0,
-            };
-            match split.hooks.iter_mut().find(|(i, _)| *i == index) {
-                Some((_, topics)) if topics.len() < room => topics.push(topic),
-                None if room > 0 => split.hooks.push((index, vec![topic])),
-                _ => {
-                    split.crowded.insert(index);
-                    split.full.insert(topic);
-                }
-            }
-        }
-        split
     }
 
     /// Free slots of target `index` worth a reserve. A busy target's first free slots
@@ -179,10 +151,23 @@ impl WebhookSinks {
         self.epoch + Duration::from_micros(t.last_send_us.load(Ordering::Relaxed)) + LINGER
     }
 
-    /// Starts POSTing a reserved job of target `index` in a task of its own, under one
-    /// of its slots. Not expected: no free slot (only this loop takes slots, and it
-    /// reserves no more than [`Self::room`]); the job is then handed back, due again.
-    async fn send(&self, index: usize, reserved: Reserved, settler: &Arc<Settler>, probe: bool) {
+    /// Starts POSTing a reserved job in a task of its own, under one of its target's
+    /// slots. Not expected: no free slot (only this loop takes slots, and it reserves
+    /// no more than [`Self::room`]); the job is then handed back, due again.
+    async fn send(&self, handout: Handout, settler: &Arc<Settler>) {
+        let Handout {
+            index,
+            reserved,
+            probe,
+            retry,
+        } = handout;
+        let ended = Ended {
+            index,
+            probe,
+            retry,
+            outcome: None,
+        };
+        let report = Report::new(ended, self.ended.clone(), self.wake.clone());
         let slot = self.targets.get(index).and_then(|target| {
             let slot = target.slots.clone().try_acquire_owned().ok()?;
             Some((target, slot))
@@ -197,7 +182,6 @@ impl WebhookSinks {
             .meter
             .get_or_init(|| settler.metrics.webhooks.meter(&target.client.target.name))
             .clone();
-        let retry = target.lanes.start(reserved.job.attempt);
         let delivery = Delivery {
             client: target.client.clone(),
             meter,
@@ -205,100 +189,9 @@ impl WebhookSinks {
             settler: settler.clone(),
             room: self.room.clone(),
             releases: self.releases.clone(),
-            health: self.health.clone(),
-            index,
-            probe,
+            report,
         };
-        self.tasks.spawn(async move {
-            let _retry = retry;
-            delivery.run(slot).await;
-        });
-    }
-
-    /// Reserves for target `index`'s due `topics` at most its free slots' worth and
-    /// sends them, retries (attempt > 1) at most the target's retry slots left
-    /// (`gate.rs`): the script skips the retries past that cap to reach the first
-    /// attempts behind them. A topic that gave nothing but held retries waits until a
-    /// retry of the target ends rather than being scanned again each round. What the
-    /// reserves saw tells the lanes whether first attempts back up (`every_topic`: no
-    /// due topic of the target was left out of this round).
-    async fn serve(
-        &self,
-        index: usize,
-        topics: &[Topic],
-        every_topic: bool,
-        core: &mut Core<'_>,
-    ) -> Result<(), RoundError> {
-        let room = self.room(index);
-        let Some(target) = self.targets.get(index).filter(|_| room > 0) else {
-            return Ok(());
-        };
-        let each = (room / topics.len()).clamp(1, core.batch());
-        let mut backed_up = false;
-        let Some(cap) = target.lanes.cap(room) else {
-            for group in topics.chunks(RESERVE_GROUP) {
-                for (_, jobs) in core.reserve(group, each).await? {
-                    backed_up |= full_of_firsts(&jobs, each);
-                    self.send_all(index, jobs, core).await;
-                }
-            }
-            target.lanes.saw(backed_up, every_topic);
-            return Ok(());
-        };
-        let topics = target.lanes.retries_first(topics);
-        let caps = gate::split(cap, topics.len());
-        for (group, caps) in topics.chunks(RESERVE_GROUP).zip(caps.chunks(RESERVE_GROUP)) {
-            let ended = target.lanes.ended();
-            let mut waiting = Vec::new();
-            for (topic, jobs, held) in core.reserve_capped(group, each, caps).await? {
-                let met = held.retries > 0 || jobs.iter().any(|r| r.job.attempt > 1);
-                target.lanes.met_retries(&topic, met);
-                if held.retries > 0 && jobs.is_empty() {
-                    waiting.push(topic);
-                }
-                backed_up |= full_of_firsts(&jobs, each);
-                self.send_all(index, jobs, core).await;
-            }
-            // After the sends: a retry just started is one that will end.
-            for topic in waiting {
-                target.lanes.block(topic, ended);
-            }
-        }
-        target.lanes.saw(backed_up, every_topic);
-        Ok(())
-    }
-
-    async fn send_all(&self, index: usize, jobs: Vec<Reserved>, core: &Core<'_>) {
-        for reserved in jobs {
-            self.send(index, reserved, core.settler(), false).await;
-        }
-    }
-}
-
-/// A topic's reserve came back full (`each` jobs) with first attempts in it: more may
-/// be due behind them.
-fn full_of_firsts(jobs: &[Reserved], each: usize) -> bool {
-    jobs.len() >= each && jobs.iter().any(|r| r.job.attempt <= 1)
-}
-
-impl WebhookSinks {
-    /// Reserves the half-open target's one probe job (the first due topic that has
-    /// one) and sends it.
-    async fn probe(
-        &self,
-        index: usize,
-        topics: &[Topic],
-        core: &mut Core<'_>,
-    ) -> Result<(), RoundError> {
-        for topic in topics {
-            let reserved = core.reserve(std::slice::from_ref(topic), 1).await?;
-            if let Some(job) = reserved.into_iter().flat_map(|(_, jobs)| jobs).next() {
-                self.health.probe_sent(index);
-                self.send(index, job, core.settler(), true).await;
-                return Ok(());
-            }
-        }
-        Ok(())
+        self.tasks.spawn(delivery.run(slot));
     }
 }
 
@@ -319,39 +212,20 @@ impl Sink for WebhookSinks {
         core: &'a mut Core<'_>,
     ) -> BoxFuture<'a, Result<Round, RoundError>> {
         Box::pin(async move {
-            let settler = core.settler().clone();
-            self.health
-                .start(&settler.store, &settler.metrics, core.shutdown());
-            // Failures not yet counted in Redis may open a breaker: before reserving more.
-            for index in 0..self.targets.len() {
-                if self.health.pending(index) {
-                    self.health
-                        .sync(index, &settler.store, &settler.metrics)
-                        .await;
-                }
-            }
-            let Split {
-                hooks,
-                full,
-                crowded,
-            } = self.split_by_target(due);
-            if hooks.is_empty() {
+            let due = due
+                .into_iter()
+                .filter_map(|topic| Some((self.target_of(&topic)?, topic)))
+                .collect();
+            let rooms: Vec<usize> = (0..self.targets.len()).map(|i| self.room(i)).collect();
+            let taken = self.gates.reserve(due, &rooms, core).await?;
+            if !taken.served {
                 // Nothing due, or only topics of targets without a free slot: nap
                 // until a slot frees, a hint, or the next topic that can be served.
-                return Ok(Round::Idle(full));
+                return Ok(Round::Idle(taken.waiting));
             }
-            for (index, topics) in hooks {
-                let room = self.room(index);
-                match self.health.allow(index) {
-                    Allow::All if room > 0 => {}
-                    Allow::Probe if room > 0 => {
-                        self.probe(index, &topics, core).await?;
-                        continue;
-                    }
-                    _ => continue,
-                }
-                let every_topic = !crowded.contains(&index);
-                self.serve(index, &topics, every_topic, core).await?;
+            let settler = core.settler();
+            for handout in taken.jobs {
+                self.send(handout, settler).await;
             }
             Ok(Round::Served)
         })
