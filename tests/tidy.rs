@@ -42,7 +42,12 @@ fn files(dir: &Path, exts: &[&str]) -> Vec<PathBuf> {
 
 /// The module path of a file under `src/` (`src/store/api.rs` -> `store::api`).
 fn module_of(file: &Path) -> Vec<String> {
-    let rel = file.strip_prefix(repo().join("src")).expect("under src/");
+    module_in(&repo().join("src"), file)
+}
+
+/// The module path of a file in the crate whose root file is in `root`.
+fn module_in(root: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(root).expect("under the crate's root");
     let mut parts: Vec<String> = rel
         .iter()
         .map(|p| p.to_string_lossy().into_owned())
@@ -225,12 +230,17 @@ struct Source {
 }
 
 fn sources() -> Vec<Source> {
-    files(&repo().join("src"), &[".rs"])
+    crate_sources(&repo().join("src"))
+}
+
+/// Every Rust file of the crate whose root file (`lib.rs`, `main.rs`) is in `root`.
+fn crate_sources(root: &Path) -> Vec<Source> {
+    files(root, &[".rs"])
         .into_iter()
         .map(|file| {
             let text = std::fs::read_to_string(&file).expect("read source");
             Source {
-                module: module_of(&file),
+                module: module_in(root, &file),
                 code: strip_comments(&text),
                 file,
             }
@@ -404,6 +414,39 @@ fn no_import_circle_between_files() {
     assert!(
         described.is_empty(),
         "import circles (each list imports one another; cut the shared piece into a module of its own):\n  {}",
+        described.join("\n  ")
+    );
+}
+
+/// The other crates of the workspace: the benchmarks, the test kit, and each test binary
+/// with modules of its own (a folder of `tests/` with a `main.rs`).
+#[test]
+fn no_import_circle_in_the_other_crates_of_the_workspace() {
+    let mut roots = vec![repo().join("bench/src"), repo().join("testkit/src")];
+    let mut binaries: Vec<PathBuf> = std::fs::read_dir(repo().join("tests"))
+        .expect("tests/")
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|dir| dir.join("main.rs").is_file())
+        .collect();
+    binaries.sort();
+    assert!(
+        binaries.len() >= 5,
+        "the test binaries by boundary: {binaries:?}"
+    );
+    roots.extend(binaries);
+    let mut described = Vec::new();
+    for root in &roots {
+        let sources = crate_sources(root);
+        assert!(!sources.is_empty(), "no Rust file in {}", root.display());
+        for circle in circles(&import_graph(&sources)) {
+            let names: Vec<String> = circle.iter().map(|m| show(m)).collect();
+            described.push(format!("{}: {}", rel(root), names.join(" <-> ")));
+        }
+    }
+    assert!(
+        described.is_empty(),
+        "import circles (cut the shared piece into a module of its own):\n  {}",
         described.join("\n  ")
     );
 }
