@@ -11,12 +11,11 @@
 //! Here: the [`Dispatcher`], its loops, the [`Core`] each turn lends the sink's round,
 //! and where routes are chosen ([`routes`]). Beside it, shared by every sink: `sink.rs`
 //! the seam (the [`Sink`] trait, [`Routes`]), `plan.rs` the plan, `clock.rs` the server
-//! clock,
-//! `reserve.rs` the reserve (`Core`'s methods) and each job's triage into a [`Reserved`]
-//! job with its settle [`Ticket`], `set_aside.rs` expired jobs set aside, `settle.rs`
-//! every outcome (release, failure, backoff). One folder per sink: `amqp/` (the ready
-//! exchange, per AMQP session) and `webhook/` (`[[targets]]`, for the whole process);
-//! the two never import each other.
+//! clock, `reserve.rs` the reserve (`Core`'s methods) and each job's triage into a
+//! [`Reserved`] job with its settle [`Ticket`], `set_aside.rs` expired jobs set aside,
+//! `settle.rs` every outcome (release, failure, backoff). One folder per sink: `amqp/`
+//! (the ready exchange, per AMQP session) and `webhook/` (`[[targets]]`, for the whole
+//! process); the two never import each other.
 
 mod amqp;
 mod clock;
@@ -237,9 +236,8 @@ impl Dispatcher {
     }
 
     /// Takes into the plan what the last round's replies said, then the hints, and
-    /// rescans topics: a full pass at start and after
-    /// missed notifications; otherwise one chunk of topics per poll interval, so a tick
-    /// never costs a call per topic.
+    /// rescans topics: a full pass at start and after missed notifications; otherwise
+    /// one chunk of topics per poll interval, so a tick never costs a call per topic.
     async fn update_plan(
         &self,
         plan: &mut Plan,

@@ -1,10 +1,10 @@
 //! The reserve, for every sink: one round trip for a group of due topics
 //! (`lua/reserve.lua`, which alone decides what is due and applies rate limits), the
 //! server clock corrected from its replies (and what they say of each topic kept for
-//! the plan's next turn, [`Learned`]), and each job triaged before a
-//! sink sees it: its settle [`Ticket`] made (what releasing or handing it back needs,
-//! whichever sink delivers it); a series occurrence whose next one cannot be computed
-//! failed; an expired job (judged here by the rule of `src/job/expiry.rs`) set aside
+//! the plan's next turn, [`Learned`]), and each job triaged before a sink sees it: its
+//! settle [`Ticket`] made (what releasing or handing it back needs, whichever sink
+//! delivers it); a series occurrence whose next one cannot be computed failed; an
+//! expired job (judged here by the rule of `src/job/expiry.rs`) set aside
 //! (`set_aside.rs`). What is left goes to the sink's round as [`Reserved`] jobs, to be
 //! sent. While spans are exported, each job also carries its topic's last pause that
 //! ended (recorded here, begun with one read of since when the topic is paused), for
@@ -39,8 +39,8 @@ pub struct Held {
 impl Core<'_> {
     /// Reserves up to `each` jobs of every topic of `group` (keep it to
     /// [`RESERVE_GROUP`]) in one round trip, corrects the clock from the replies (and
-    /// keeps what they say for the plan), and returns each topic's jobs to deliver (expired ones set aside and
-    /// unreadable series failed already).
+    /// keeps what they say for the plan), and returns each topic's jobs to deliver
+    /// (expired ones set aside and unreadable series failed already).
     pub async fn reserve(
         &mut self,
         group: &[Topic],
@@ -79,8 +79,8 @@ impl Core<'_> {
             .collect())
     }
 
-    /// The clock corrected from `batches` (a reserve of `group` sent at
-    /// `sent`), and each topic's jobs triaged.
+    /// The clock corrected from `batches` (a reserve of `group` sent at `sent`), what
+    /// they say of each topic kept for the plan, and each topic's jobs triaged.
     async fn take(
         &mut self,
         group: &[Topic],

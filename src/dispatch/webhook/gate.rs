@@ -144,15 +144,12 @@ pub(super) struct Taken {
     pub(super) served: bool,
 }
 
-/// A reserved job for target `index`, counted by its gate until its [`Ended`] comes.
+/// A reserved job, with the [`Ended`] its request's task sends back when it ends (its
+/// target, whether it is the probe, whether the lane counted it as a retry in flight).
 #[derive(Debug)]
 pub(super) struct Handout {
-    pub(super) index: usize,
     pub(super) reserved: Reserved,
-    /// The half-open target's probe.
-    pub(super) probe: bool,
-    /// Counted as a retry in flight by the lane.
-    pub(super) retry: bool,
+    pub(super) end: Ended,
 }
 
 /// The round's due topics by target, each target's list cut to its room.
@@ -493,7 +490,10 @@ impl Gates {
             for group in topics.chunks(RESERVE_GROUP) {
                 for (_, jobs) in core.reserve(group, each).await? {
                     backed_up |= full_of_firsts(&jobs, each);
-                    handouts.extend(hand_out(lanes, index, jobs));
+                    handouts.extend(
+                        jobs.into_iter()
+                            .map(|job| hand_out(lanes, index, job, false)),
+                    );
                 }
             }
             lanes.saw(backed_up, every_topic);
@@ -511,7 +511,10 @@ impl Gates {
                     waiting.push(topic);
                 }
                 backed_up |= full_of_firsts(&jobs, each);
-                handouts.extend(hand_out(lanes, index, jobs));
+                handouts.extend(
+                    jobs.into_iter()
+                        .map(|job| hand_out(lanes, index, job, false)),
+                );
             }
             // After the hand-out: a retry just counted is one that will end.
             for topic in waiting {
@@ -537,24 +540,22 @@ impl Gates {
             let reserved = core.reserve(std::slice::from_ref(topic), 1).await?;
             if let Some(job) = reserved.into_iter().flat_map(|(_, jobs)| jobs).next() {
                 self.probe_sent(index);
-                let mut handout = hand_out(&gate.lanes, index, vec![job]);
-                return Ok(handout.pop().map(|h| Handout { probe: true, ..h }));
+                return Ok(Some(hand_out(&gate.lanes, index, job, true)));
             }
         }
         Ok(None)
     }
 }
 
-/// `jobs` of target `index`, each retry counted in flight by `lanes`.
-fn hand_out(lanes: &Lanes, index: usize, jobs: Vec<Reserved>) -> Vec<Handout> {
-    jobs.into_iter()
-        .map(|reserved| Handout {
-            index,
-            retry: lanes.started(reserved.job.attempt),
-            reserved,
-            probe: false,
-        })
-        .collect()
+/// `reserved`, a job of target `index`, counted in flight by `lanes` if a retry.
+fn hand_out(lanes: &Lanes, index: usize, reserved: Reserved, probe: bool) -> Handout {
+    let end = Ended {
+        index,
+        probe,
+        retry: lanes.started(reserved.job.attempt),
+        outcome: None,
+    };
+    Handout { reserved, end }
 }
 
 /// A topic's reserve came back full (`each` jobs) with first attempts in it: more may

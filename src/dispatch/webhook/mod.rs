@@ -13,8 +13,9 @@
 //! (retries hold at most `retry_share` of the slots, one while first attempts back up;
 //! first attempts may use every slot); `delivery.rs` one request's task (prepare: the
 //! request a job becomes, and its Standard Webhooks signature; call; handle; and what
-//! its end tells the gate) and the batched releases; `client.rs` a target's HTTP client and what an answer means, with
-//! `resolve.rs` the address guard under the client of jobs' own URLs.
+//! its end tells the gate) and the batched releases; `client.rs` a target's HTTP
+//! client and what an answer means, with `resolve.rs` the address guard under the
+//! client of jobs' own URLs.
 
 mod client;
 mod delivery;
@@ -155,19 +156,9 @@ impl WebhookSinks {
     /// slots. Not expected: no free slot (only this loop takes slots, and it reserves
     /// no more than [`Self::room`]); the job is then handed back, due again.
     async fn send(&self, handout: Handout, settler: &Arc<Settler>) {
-        let Handout {
-            index,
-            reserved,
-            probe,
-            retry,
-        } = handout;
-        let ended = Ended {
-            index,
-            probe,
-            retry,
-            outcome: None,
-        };
-        let report = Report::new(ended, self.ended.clone(), self.wake.clone());
+        let Handout { reserved, end } = handout;
+        let index = end.index;
+        let report = Report::new(end, self.ended.clone(), self.wake.clone());
         let slot = self.targets.get(index).and_then(|target| {
             let slot = target.slots.clone().try_acquire_owned().ok()?;
             Some((target, slot))
